@@ -1,0 +1,208 @@
+/*
+ * tccomm.h - the whole public API of the tccomm C core.
+ *
+ * A communicator (tcc_comm_t) connects `size` ranks. Collectives of one
+ * communicator must be issued in the same order on every rank; the engine
+ * executes them in that order. Point-to-point messages are matched by
+ * (peer, tag, issue order) and progress independently of collectives.
+ *
+ * Every call returns a tcc_result_t. Every operation is asynchronous and
+ * hands back an op handle (tcc_op_t) to test, wait on, or attach a
+ * completion callback to. Errors carry a message that names the op, the
+ * communicator, this rank, the peer when there is one, and the cause.
+ *
+ * Bootstrap is done by the caller: every rank opens an endpoint, publishes
+ * its blob (TCC_ENDPOINT_BLOB_SIZE bytes) through any key-value store, and
+ * passes all blobs, in rank order, to tcc_comm_create().
+ */
+#ifndef TCCOMM_H
+#define TCCOMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TCC_VERSION_MAJOR 0
+#define TCC_VERSION_MINOR 1
+
+typedef enum tcc_result {
+  TCC_OK = 0,
+  TCC_ERR_INVALID = 1,      /* bad argument detected before anything was sent */
+  TCC_ERR_MISMATCH = 2,     /* ranks disagree on the op (shape, dtype, root, ...) */
+  TCC_ERR_TIMEOUT = 3,      /* a peer did not arrive in time */
+  TCC_ERR_ABORTED = 4,      /* the communicator was aborted or has failed */
+  TCC_ERR_SYSTEM = 5,       /* an OS call failed (errno in the message) */
+  TCC_ERR_UNSUPPORTED = 6,  /* dtype x op combination not supported */
+  TCC_ERR_REMOTE = 7,       /* a peer closed its connection or failed */
+  TCC_ERR_INPROGRESS = 8    /* tcc_op_wait timed out: the op is still running */
+} tcc_result_t;
+
+typedef enum tcc_dtype {
+  TCC_FLOAT32 = 0,
+  TCC_FLOAT64,
+  TCC_FLOAT16,
+  TCC_BFLOAT16,
+  TCC_INT8,
+  TCC_INT16,
+  TCC_INT32,
+  TCC_INT64,
+  TCC_UINT8,
+  TCC_BOOL,
+  TCC_DTYPE_COUNT
+} tcc_dtype_t;
+
+typedef enum tcc_redop {
+  TCC_SUM = 0,
+  TCC_AVG,
+  TCC_PRODUCT,
+  TCC_MIN,
+  TCC_MAX,
+  TCC_BAND,
+  TCC_BOR,
+  TCC_BXOR,
+  TCC_PREMUL_SUM, /* each input multiplied by tcc_op_opts_t.premul_factor, then summed */
+  TCC_REDOP_COUNT
+} tcc_redop_t;
+
+/* A buffer: `count` elements of `dtype` at `ptr`. device -1 is host memory. */
+typedef struct tcc_buf {
+  void *ptr;
+  size_t count;
+  tcc_dtype_t dtype;
+  int device;
+  void *stream; /* CUDA: the stream the op must be ordered after; NULL on host */
+} tcc_buf_t;
+
+/* Per-op options; pass NULL for the defaults. */
+typedef struct tcc_op_opts {
+  int64_t timeout_ms;    /* <= 0: the communicator's timeout */
+  double premul_factor;  /* TCC_PREMUL_SUM only */
+} tcc_op_opts_t;
+
+typedef struct tcc_endpoint tcc_endpoint_t;
+typedef struct tcc_comm tcc_comm_t;
+typedef struct tcc_op tcc_op_t;
+
+/* ---- errors ---------------------------------------------------------- */
+
+const char *tcc_result_string(tcc_result_t r);
+size_t tcc_dtype_size(tcc_dtype_t dt);
+const char *tcc_dtype_name(tcc_dtype_t dt);
+const char *tcc_redop_name(tcc_redop_t op);
+/* TCC_OK when `op` can reduce `dt`, else TCC_ERR_UNSUPPORTED. */
+tcc_result_t tcc_redop_supported(tcc_dtype_t dt, tcc_redop_t op);
+
+/* ---- bootstrap ------------------------------------------------------- */
+
+#define TCC_ENDPOINT_BLOB_SIZE 256
+
+/* Opens a listening socket on all interfaces and writes this process's
+ * endpoint blob (hostname, boot id, `advertise_addr`:port, a random token)
+ * to blob_out. advertise_addr is the IPv4 address peers on other hosts use
+ * to reach this one; NULL or "" means 127.0.0.1. */
+tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep,
+                               uint8_t blob_out[TCC_ENDPOINT_BLOB_SIZE],
+                               char *err, size_t errlen);
+void tcc_endpoint_close(tcc_endpoint_t *ep);
+
+typedef enum tcc_transport {
+  TCC_TRANSPORT_AUTO = 0, /* shared memory when every rank is on this host, else TCP */
+  TCC_TRANSPORT_SHM,
+  TCC_TRANSPORT_TCP
+} tcc_transport_t;
+
+typedef struct tcc_comm_config {
+  int rank;
+  int size;
+  int64_t timeout_ms;        /* default per-op timeout; also bounds creation */
+  const char *name;          /* for error messages; may be NULL */
+  tcc_transport_t transport; /* AUTO honours the TCCOMM_TRANSPORT env variable */
+} tcc_comm_config_t;
+
+/* Collective over all ranks. `blobs` holds size * TCC_ENDPOINT_BLOB_SIZE
+ * bytes in rank order; `ep` is this rank's endpoint (its blob must be at
+ * index rank) and is consumed whatever the result. */
+tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
+                             const uint8_t *blobs, tcc_comm_t **comm,
+                             char *err, size_t errlen);
+
+int tcc_comm_rank(const tcc_comm_t *comm);
+int tcc_comm_size(const tcc_comm_t *comm);
+const char *tcc_comm_name(const tcc_comm_t *comm);
+/* "shm" or "tcp" */
+const char *tcc_comm_transport_name(const tcc_comm_t *comm);
+void tcc_comm_set_timeout(tcc_comm_t *comm, int64_t timeout_ms);
+/* Number of collectives issued so far. */
+uint64_t tcc_comm_collective_count(const tcc_comm_t *comm);
+/* TCC_OK while usable; after a timeout or abort every new op fails with
+ * the code returned here and tcc_comm_last_error() explains why. */
+tcc_result_t tcc_comm_status(const tcc_comm_t *comm);
+const char *tcc_comm_last_error(const tcc_comm_t *comm);
+
+/* Fails every pending and future op with TCC_ERR_ABORTED and wakes every
+ * waiter; does not free. Safe from any thread. */
+void tcc_comm_abort(tcc_comm_t *comm);
+/* Waits for the ops already issued (each bounded by its timeout), stops
+ * the engine threads and releases every resource. `comm` is invalid after. */
+void tcc_comm_destroy(tcc_comm_t *comm);
+
+/* ---- collectives ----------------------------------------------------- */
+/* `recvs` / `sends` arrays hold `size` buffers, index = peer rank.
+ * Arrays only used on the root may be NULL elsewhere. In-place is allowed
+ * where send and recv are the same memory. */
+
+tcc_result_t tcc_broadcast(tcc_comm_t *comm, tcc_buf_t buf, int root,
+                           const tcc_op_opts_t *opts, tcc_op_t **op);
+tcc_result_t tcc_allreduce(tcc_comm_t *comm, tcc_buf_t send, tcc_buf_t recv,
+                           tcc_redop_t redop, const tcc_op_opts_t *opts, tcc_op_t **op);
+tcc_result_t tcc_reduce(tcc_comm_t *comm, tcc_buf_t send, tcc_buf_t recv,
+                        tcc_redop_t redop, int root, const tcc_op_opts_t *opts,
+                        tcc_op_t **op);
+tcc_result_t tcc_allgather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs,
+                           const tcc_op_opts_t *opts, tcc_op_t **op);
+tcc_result_t tcc_gather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs,
+                        int root, const tcc_op_opts_t *opts, tcc_op_t **op);
+tcc_result_t tcc_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t recv,
+                         int root, const tcc_op_opts_t *opts, tcc_op_t **op);
+tcc_result_t tcc_reduce_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t recv,
+                                tcc_redop_t redop, const tcc_op_opts_t *opts,
+                                tcc_op_t **op);
+/* Each sends[j] / recvs[j] may have its own count (all-to-all-v). */
+tcc_result_t tcc_alltoall(tcc_comm_t *comm, const tcc_buf_t *sends, const tcc_buf_t *recvs,
+                          const tcc_op_opts_t *opts, tcc_op_t **op);
+tcc_result_t tcc_barrier(tcc_comm_t *comm, const tcc_op_opts_t *opts, tcc_op_t **op);
+
+/* ---- point to point -------------------------------------------------- */
+
+tcc_result_t tcc_send(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,
+                      const tcc_op_opts_t *opts, tcc_op_t **op);
+tcc_result_t tcc_recv(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,
+                      const tcc_op_opts_t *opts, tcc_op_t **op);
+
+/* ---- op handles ------------------------------------------------------ */
+
+/* 1 when finished (successfully or not), 0 while running. Never blocks. */
+int tcc_op_test(tcc_op_t *op);
+/* Blocks until the op finishes or timeout_ms passes (< 0: no limit; the op's
+ * own timeout still applies). Returns the op's result, or
+ * TCC_ERR_INPROGRESS if timeout_ms passed first. */
+tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms);
+/* The op's result: TCC_ERR_INPROGRESS while running. */
+tcc_result_t tcc_op_result(const tcc_op_t *op);
+/* The failure message; "" on success or while running. */
+const char *tcc_op_error(const tcc_op_t *op);
+/* Calls fn(op, arg) exactly once when the op finishes, on the engine thread,
+ * or at once on the calling thread if it already has. The callback must
+ * not block on other ops of the same communicator. */
+typedef void (*tcc_op_callback_t)(tcc_op_t *op, void *arg);
+void tcc_op_on_complete(tcc_op_t *op, tcc_op_callback_t fn, void *arg);
+void tcc_op_retain(tcc_op_t *op);
+void tcc_op_release(tcc_op_t *op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TCCOMM_H */

@@ -1,0 +1,456 @@
+/*
+ * comm.c - communicator lifecycle and the public op entry points.
+ *
+ * Every public op validates its arguments here, before anything is queued,
+ * so a bad call fails at once with TCC_ERR_INVALID / TCC_ERR_UNSUPPORTED
+ * on the calling rank and never reaches the peers.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* ---- failure state ---------------------------------------------------- */
+
+void tcc_comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
+  pthread_mutex_lock(&comm->fail_lock);
+  int first = !atomic_load(&comm->aborted);
+  if (first) {
+    comm->fail_code = code;
+    snprintf(comm->fail_msg, sizeof comm->fail_msg, "%s", msg ? msg : tcc_result_string(code));
+    atomic_store(&comm->aborted, 1);
+  }
+  pthread_mutex_unlock(&comm->fail_lock);
+  if (first) tcc_engine_wake(comm);
+}
+
+tcc_result_t tcc_comm_status(const tcc_comm_t *comm) {
+  return atomic_load(&((tcc_comm_t *)comm)->aborted) ? comm->fail_code : TCC_OK;
+}
+
+const char *tcc_comm_last_error(const tcc_comm_t *comm) {
+  if (comm->last_error[0]) return comm->last_error;
+  return atomic_load(&((tcc_comm_t *)comm)->aborted) ? comm->fail_msg : "";
+}
+
+__attribute__((format(printf, 3, 4)))
+static tcc_result_t reject(tcc_comm_t *comm, tcc_result_t code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(comm->last_error, sizeof comm->last_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+/* ---- creation --------------------------------------------------------- */
+
+static int same_host(const tcc_blob_t *a, const tcc_blob_t *b) {
+  return strncmp(a->hostname, b->hostname, sizeof a->hostname) == 0 &&
+         strncmp(a->boot_id, b->boot_id, sizeof a->boot_id) == 0;
+}
+
+static tcc_result_t choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
+                                     tcc_transport_t *out, tcc_err_t *err) {
+  tcc_transport_t t = cfg->transport;
+  if (t == TCC_TRANSPORT_AUTO) {
+    const char *env = getenv("TCCOMM_TRANSPORT");
+    if (!env || !*env || strcmp(env, "auto") == 0) t = TCC_TRANSPORT_AUTO;
+    else if (strcmp(env, "shm") == 0) t = TCC_TRANSPORT_SHM;
+    else if (strcmp(env, "tcp") == 0) t = TCC_TRANSPORT_TCP;
+    else
+      return tcc_err_set(err, TCC_ERR_INVALID,
+                         "tccomm: TCCOMM_TRANSPORT='%s' is not one of auto, shm, tcp", env);
+  }
+  int local = 1;
+  for (int r = 1; r < cfg->size; r++) local &= same_host(&blobs[0], &blobs[r]);
+  if (t == TCC_TRANSPORT_AUTO) t = local ? TCC_TRANSPORT_SHM : TCC_TRANSPORT_TCP;
+  if (t == TCC_TRANSPORT_SHM && !local)
+    return tcc_err_set(err, TCC_ERR_INVALID,
+                       "tccomm: shared-memory transport requested but the ranks are on different hosts");
+  *out = t;
+  return TCC_OK;
+}
+
+tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
+                             const uint8_t *blobs_raw, tcc_comm_t **out, char *errbuf,
+                             size_t errlen) {
+  tcc_err_t err = {TCC_OK, {0}};
+  tcc_blob_t *blobs = NULL;
+  tcc_comm_t *comm = NULL;
+  *out = NULL;
+  if (!cfg || !ep || !blobs_raw || cfg->size < 1 || cfg->size > TCC_MAX_RANKS || cfg->rank < 0 ||
+      cfg->rank >= cfg->size) {
+    tcc_err_set(&err, TCC_ERR_INVALID, "tccomm: invalid communicator config (rank %d, size %d)",
+                cfg ? cfg->rank : -1, cfg ? cfg->size : -1);
+    goto fail;
+  }
+  blobs = calloc((size_t)cfg->size, sizeof *blobs);
+  if (!blobs) {
+    tcc_err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+    goto fail;
+  }
+  for (int r = 0; r < cfg->size; r++) {
+    memcpy(&blobs[r], blobs_raw + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, sizeof blobs[r]);
+    if (blobs[r].magic != TCC_BLOB_MAGIC) {
+      tcc_err_set(&err, TCC_ERR_INVALID, "tccomm: endpoint blob of rank %d is not a tccomm endpoint", r);
+      goto fail;
+    }
+  }
+  if (memcmp(blobs[cfg->rank].token, ep->blob.token, TCC_TOKEN_BYTES) != 0) {
+    tcc_err_set(&err, TCC_ERR_INVALID, "tccomm: the blob at index %d is not this rank's endpoint",
+                cfg->rank);
+    goto fail;
+  }
+  tcc_transport_t transport = TCC_TRANSPORT_AUTO;
+  if (choose_transport(cfg, blobs, &transport, &err) != TCC_OK) goto fail;
+
+  comm = calloc(1, sizeof *comm);
+  if (!comm) {
+    tcc_err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+    goto fail;
+  }
+  comm->rank = cfg->rank;
+  comm->size = cfg->size;
+  snprintf(comm->name, sizeof comm->name, "%s", cfg->name && *cfg->name ? cfg->name : "tccomm");
+  atomic_store(&comm->timeout_ms, cfg->timeout_ms > 0 ? cfg->timeout_ms : 30 * 60 * 1000LL);
+  pthread_mutex_init(&comm->fail_lock, NULL);
+  /* Spinning only pays when every rank has a core to itself. */
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  comm->spin_iters = cfg->size <= cpus ? 4000 : 16;
+
+  tcc_result_t r;
+  if (transport == TCC_TRANSPORT_SHM) {
+    tcc_endpoint_close(ep);
+    ep = NULL;
+    r = tcc_shm_setup(comm, blobs, &err);
+  } else {
+    r = tcc_tcp_setup(comm, ep, blobs, &err);
+    tcc_endpoint_close(ep);
+    ep = NULL;
+  }
+  if (r != TCC_OK) goto fail;
+  if (tcc_engine_start(comm, &err) != TCC_OK) goto fail;
+  free(blobs);
+  *out = comm;
+  return TCC_OK;
+
+fail:
+  if (ep) tcc_endpoint_close(ep);
+  if (comm) {
+    if (comm->ops) comm->ops->destroy(comm);
+    pthread_mutex_destroy(&comm->fail_lock);
+    free(comm);
+  }
+  free(blobs);
+  if (errbuf && errlen) snprintf(errbuf, errlen, "%s", err.msg);
+  return err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM;
+}
+
+int tcc_comm_rank(const tcc_comm_t *comm) { return comm->rank; }
+int tcc_comm_size(const tcc_comm_t *comm) { return comm->size; }
+const char *tcc_comm_name(const tcc_comm_t *comm) { return comm->name; }
+const char *tcc_comm_transport_name(const tcc_comm_t *comm) { return comm->ops->name; }
+uint64_t tcc_comm_collective_count(const tcc_comm_t *comm) {
+  return atomic_load(&((tcc_comm_t *)comm)->coll_issued);
+}
+void tcc_comm_set_timeout(tcc_comm_t *comm, int64_t timeout_ms) {
+  if (timeout_ms > 0) atomic_store(&comm->timeout_ms, timeout_ms);
+}
+
+void tcc_comm_abort(tcc_comm_t *comm) {
+  char msg[TCC_ERRLEN];
+  snprintf(msg, sizeof msg, "communicator '%s' was aborted on rank %d", comm->name, comm->rank);
+  tcc_comm_fail(comm, TCC_ERR_ABORTED, msg);
+}
+
+void tcc_comm_destroy(tcc_comm_t *comm) {
+  if (!comm) return;
+  tcc_engine_stop(comm);
+  if (comm->ops) comm->ops->destroy(comm);
+  pthread_mutex_destroy(&comm->fail_lock);
+  free(comm);
+}
+
+/* ---- op construction -------------------------------------------------- */
+
+static const char *const kind_names[] = {"", "broadcast", "allreduce", "reduce", "allgather",
+                                         "gather", "scatter", "reduce_scatter", "alltoall", "barrier"};
+
+/* Checks shared by every op; `what` names the op in messages. */
+static tcc_result_t check_usable(tcc_comm_t *comm, const char *what) {
+  if (!atomic_load(&comm->aborted)) return TCC_OK;
+  pthread_mutex_lock(&comm->fail_lock);
+  tcc_result_t code = comm->fail_code;
+  char cause[TCC_ERRLEN];
+  snprintf(cause, sizeof cause, "%s", comm->fail_msg);
+  pthread_mutex_unlock(&comm->fail_lock);
+  return reject(comm, code, "tccomm %s on '%s' (rank %d): communicator is no longer usable: %.400s", what,
+                comm->name, comm->rank, cause);
+}
+
+static tcc_result_t check_buf(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b) {
+  if ((unsigned)b.dtype >= TCC_DTYPE_COUNT)
+    return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid dtype (%d)", what,
+                  comm->name, role, (int)b.dtype);
+  if (b.device != -1)
+    return reject(comm, TCC_ERR_UNSUPPORTED,
+                  "tccomm %s on '%s': %s buffer is on device %d; this build of the core moves host "
+                  "memory only",
+                  what, comm->name, role, b.device);
+  if (b.count > 0 && !b.ptr)
+    return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer is NULL with %zu elements", what,
+                  comm->name, role, b.count);
+  return TCC_OK;
+}
+
+static tcc_result_t check_same_dtype(tcc_comm_t *comm, const char *what, tcc_buf_t a, tcc_buf_t b) {
+  if (a.dtype == b.dtype) return TCC_OK;
+  return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': dtypes differ (%s vs %s)", what, comm->name,
+                tcc_dtype_name(a.dtype), tcc_dtype_name(b.dtype));
+}
+
+static tcc_result_t check_count(tcc_comm_t *comm, const char *what, const char *role, size_t got,
+                                size_t want) {
+  if (got == want) return TCC_OK;
+  return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s has %zu elements, expected %zu", what,
+                comm->name, role, got, want);
+}
+
+static tcc_result_t check_root(tcc_comm_t *comm, const char *what, int root) {
+  if (root >= 0 && root < comm->size) return TCC_OK;
+  return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': root %d is out of range [0, %d)", what,
+                comm->name, root, comm->size);
+}
+
+static tcc_result_t check_redop(tcc_comm_t *comm, const char *what, tcc_dtype_t dt, tcc_redop_t op) {
+  if ((unsigned)op < TCC_REDOP_COUNT && tcc_redop_supported(dt, op) == TCC_OK) return TCC_OK;
+  return reject(comm, TCC_ERR_UNSUPPORTED, "tccomm %s on '%s': reduce op %s is not supported for %s", what,
+                comm->name, tcc_redop_name(op), tcc_dtype_name(dt));
+}
+
+static int64_t op_timeout(tcc_comm_t *comm, const tcc_op_opts_t *opts) {
+  return opts && opts->timeout_ms > 0 ? opts->timeout_ms : atomic_load(&comm->timeout_ms);
+}
+
+static tcc_op_t *op_alloc(tcc_comm_t *comm, tcc_op_kind_t kind, const tcc_op_opts_t *opts) {
+  tcc_op_t *op = calloc(1, sizeof *op);
+  if (!op) return NULL;
+  atomic_store(&op->refs, 1);
+  op->comm = comm;
+  op->kind = kind;
+  op->timeout_ms = op_timeout(comm, opts);
+  op->result = TCC_ERR_INPROGRESS;
+  pthread_mutex_init(&op->cb_lock, NULL);
+  return op;
+}
+
+/* Copies the per-peer arrays the caller passed so they may be freed as
+ * soon as the call returns. */
+static int own_arrays(tcc_op_t *op, int n, const tcc_buf_t *sends, const tcc_buf_t *recvs) {
+  size_t bytes = 2 * (size_t)n * (sizeof(void *) + sizeof(size_t));
+  char *mem = calloc(1, bytes);
+  if (!mem) return -1;
+  op->owned_arrays = mem;
+  op->coll.sends = (void **)mem;
+  op->coll.recvs = (void **)(mem + (size_t)n * sizeof(void *));
+  op->coll.send_counts = (size_t *)(mem + 2 * (size_t)n * sizeof(void *));
+  op->coll.recv_counts = op->coll.send_counts + n;
+  for (int j = 0; j < n; j++) {
+    if (sends) {
+      op->coll.sends[j] = sends[j].ptr;
+      op->coll.send_counts[j] = sends[j].count;
+    }
+    if (recvs) {
+      op->coll.recvs[j] = recvs[j].ptr;
+      op->coll.recv_counts[j] = recvs[j].count;
+    }
+  }
+  return 0;
+}
+
+static tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_op_opts_t *opts,
+                                const tcc_buf_t *sends, const tcc_buf_t *recvs, tcc_op_t **out) {
+  tcc_op_t *op = op_alloc(comm, TCC_OP_COLL, opts);
+  if (!op) return reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  op->coll = *c;
+  op->coll.premul = opts ? opts->premul_factor : 1.0;
+  op->coll.sends = op->coll.recvs = NULL;
+  if ((sends || recvs) && own_arrays(op, comm->size, sends, recvs) != 0) {
+    tcc_op_release(op);
+    return reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  }
+  if (!sends) op->coll.sends = NULL;
+  if (!recvs) op->coll.recvs = NULL;
+  tcc_engine_submit(comm, op);
+  *out = op;
+  return TCC_OK;
+}
+
+#define TRY(expr)                       \
+  do {                                  \
+    tcc_result_t tcc_try_r_ = (expr);   \
+    if (tcc_try_r_ != TCC_OK) return tcc_try_r_; \
+  } while (0)
+
+tcc_result_t tcc_broadcast(tcc_comm_t *comm, tcc_buf_t buf, int root, const tcc_op_opts_t *opts,
+                           tcc_op_t **op) {
+  const char *w = kind_names[TCC_COLL_BROADCAST];
+  TRY(check_usable(comm, w));
+  TRY(check_root(comm, w, root));
+  TRY(check_buf(comm, w, "the", buf));
+  tcc_coll_t c = {.kind = TCC_COLL_BROADCAST, .dtype = buf.dtype, .root = root, .count = buf.count,
+                  .send = buf.ptr, .recv = buf.ptr};
+  return submit_coll(comm, &c, opts, NULL, NULL, op);
+}
+
+static tcc_result_t reduction(tcc_comm_t *comm, tcc_coll_kind_t kind, tcc_buf_t send, tcc_buf_t recv,
+                              tcc_redop_t redop, int root, const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = kind_names[kind];
+  TRY(check_usable(comm, w));
+  if (kind == TCC_COLL_REDUCE) TRY(check_root(comm, w, root));
+  TRY(check_buf(comm, w, "input", send));
+  TRY(check_redop(comm, w, send.dtype, redop));
+  int needs_recv = kind == TCC_COLL_ALLREDUCE || comm->rank == root;
+  if (needs_recv) {
+    TRY(check_buf(comm, w, "output", recv));
+    TRY(check_same_dtype(comm, w, send, recv));
+    TRY(check_count(comm, w, "the output", recv.count, send.count));
+  }
+  tcc_coll_t c = {.kind = kind, .dtype = send.dtype, .redop = redop, .root = root,
+                  .count = send.count, .send = send.ptr, .recv = needs_recv ? recv.ptr : NULL};
+  return submit_coll(comm, &c, opts, NULL, NULL, op);
+}
+
+tcc_result_t tcc_allreduce(tcc_comm_t *comm, tcc_buf_t send, tcc_buf_t recv, tcc_redop_t redop,
+                           const tcc_op_opts_t *opts, tcc_op_t **op) {
+  return reduction(comm, TCC_COLL_ALLREDUCE, send, recv, redop, -1, opts, op);
+}
+
+tcc_result_t tcc_reduce(tcc_comm_t *comm, tcc_buf_t send, tcc_buf_t recv, tcc_redop_t redop, int root,
+                        const tcc_op_opts_t *opts, tcc_op_t **op) {
+  return reduction(comm, TCC_COLL_REDUCE, send, recv, redop, root, opts, op);
+}
+
+/* Checks an array of `size` buffers each of `count` elements of `dt`. */
+static tcc_result_t check_uniform(tcc_comm_t *comm, const char *w, const char *role,
+                                  const tcc_buf_t *bufs, tcc_buf_t like) {
+  if (!bufs)
+    return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': the %s list is missing", w, comm->name, role);
+  for (int j = 0; j < comm->size; j++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s[%d]", role, j);
+    TRY(check_buf(comm, w, name, bufs[j]));
+    TRY(check_same_dtype(comm, w, like, bufs[j]));
+    TRY(check_count(comm, w, name, bufs[j].count, like.count));
+  }
+  return TCC_OK;
+}
+
+tcc_result_t tcc_allgather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs,
+                           const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = kind_names[TCC_COLL_ALLGATHER];
+  TRY(check_usable(comm, w));
+  TRY(check_buf(comm, w, "input", send));
+  TRY(check_uniform(comm, w, "output", recvs, send));
+  tcc_coll_t c = {.kind = TCC_COLL_ALLGATHER, .dtype = send.dtype, .count = send.count,
+                  .send = send.ptr};
+  return submit_coll(comm, &c, opts, NULL, recvs, op);
+}
+
+tcc_result_t tcc_gather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs, int root,
+                        const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = kind_names[TCC_COLL_GATHER];
+  TRY(check_usable(comm, w));
+  TRY(check_root(comm, w, root));
+  TRY(check_buf(comm, w, "input", send));
+  int is_root = comm->rank == root;
+  if (is_root) TRY(check_uniform(comm, w, "output", recvs, send));
+  tcc_coll_t c = {.kind = TCC_COLL_GATHER, .dtype = send.dtype, .root = root, .count = send.count,
+                  .send = send.ptr};
+  return submit_coll(comm, &c, opts, NULL, is_root ? recvs : NULL, op);
+}
+
+tcc_result_t tcc_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t recv, int root,
+                         const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = kind_names[TCC_COLL_SCATTER];
+  TRY(check_usable(comm, w));
+  TRY(check_root(comm, w, root));
+  TRY(check_buf(comm, w, "output", recv));
+  int is_root = comm->rank == root;
+  if (is_root) TRY(check_uniform(comm, w, "input", sends, recv));
+  tcc_coll_t c = {.kind = TCC_COLL_SCATTER, .dtype = recv.dtype, .root = root, .count = recv.count,
+                  .recv = recv.ptr};
+  return submit_coll(comm, &c, opts, is_root ? sends : NULL, NULL, op);
+}
+
+tcc_result_t tcc_reduce_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t recv,
+                                tcc_redop_t redop, const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = kind_names[TCC_COLL_REDUCE_SCATTER];
+  TRY(check_usable(comm, w));
+  TRY(check_buf(comm, w, "output", recv));
+  TRY(check_uniform(comm, w, "input", sends, recv));
+  TRY(check_redop(comm, w, recv.dtype, redop));
+  tcc_coll_t c = {.kind = TCC_COLL_REDUCE_SCATTER, .dtype = recv.dtype, .redop = redop,
+                  .count = recv.count, .recv = recv.ptr};
+  return submit_coll(comm, &c, opts, sends, NULL, op);
+}
+
+tcc_result_t tcc_alltoall(tcc_comm_t *comm, const tcc_buf_t *sends, const tcc_buf_t *recvs,
+                          const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = kind_names[TCC_COLL_ALLTOALL];
+  TRY(check_usable(comm, w));
+  if (!sends || !recvs)
+    return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': the input and output lists are required", w,
+                  comm->name);
+  for (int j = 0; j < comm->size; j++) {
+    TRY(check_buf(comm, w, "input", sends[j]));
+    TRY(check_buf(comm, w, "output", recvs[j]));
+    TRY(check_same_dtype(comm, w, sends[0], sends[j]));
+    TRY(check_same_dtype(comm, w, sends[0], recvs[j]));
+  }
+  if (sends[comm->rank].count != recvs[comm->rank].count)
+    return reject(comm, TCC_ERR_INVALID,
+                  "tccomm %s on '%s': rank %d sends %zu elements to itself but expects %zu", w,
+                  comm->name, comm->rank, sends[comm->rank].count, recvs[comm->rank].count);
+  tcc_coll_t c = {.kind = TCC_COLL_ALLTOALL, .dtype = sends[0].dtype};
+  return submit_coll(comm, &c, opts, sends, recvs, op);
+}
+
+tcc_result_t tcc_barrier(tcc_comm_t *comm, const tcc_op_opts_t *opts, tcc_op_t **op) {
+  TRY(check_usable(comm, kind_names[TCC_COLL_BARRIER]));
+  tcc_coll_t c = {.kind = TCC_COLL_BARRIER, .dtype = TCC_UINT8};
+  return submit_coll(comm, &c, opts, NULL, NULL, op);
+}
+
+static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int peer, uint64_t tag,
+                        const tcc_op_opts_t *opts, tcc_op_t **out) {
+  const char *w = kind == TCC_OP_SEND ? "send" : "recv";
+  TRY(check_usable(comm, w));
+  TRY(check_buf(comm, w, "the", buf));
+  if (peer < 0 || peer >= comm->size || peer == comm->rank)
+    return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s' (rank %d): peer rank %d is invalid (%s)", w,
+                  comm->name, comm->rank, peer,
+                  peer == comm->rank ? "it is this rank" : "out of range");
+  tcc_op_t *op = op_alloc(comm, kind, opts);
+  if (!op) return reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  op->peer = peer;
+  op->tag = tag;
+  op->buf = buf.ptr;
+  op->bytes = buf.count * tcc_dtype_size(buf.dtype);
+  tcc_engine_submit(comm, op);
+  *out = op;
+  return TCC_OK;
+}
+
+tcc_result_t tcc_send(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,
+                      const tcc_op_opts_t *opts, tcc_op_t **op) {
+  return p2p(comm, TCC_OP_SEND, buf, peer, tag, opts, op);
+}
+
+tcc_result_t tcc_recv(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,
+                      const tcc_op_opts_t *opts, tcc_op_t **op) {
+  return p2p(comm, TCC_OP_RECV, buf, peer, tag, opts, op);
+}

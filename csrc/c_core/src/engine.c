@@ -1,0 +1,626 @@
+/*
+ * engine.c - executes a communicator's ops.
+ *
+ * Collectives: a FIFO queue executed strictly in issue order by whoever
+ * holds the `runner` lock: the collective thread, or a thread blocked in
+ * tcc_op_wait() on a queued op. Letting the waiter run its own op saves two
+ * thread hand-offs per synchronous collective, which dominates small-message
+ * latency when ranks outnumber cores.
+ *
+ * Point-to-point: a dedicated thread frames messages (header + payload) on
+ * the transport's per-peer byte streams and matches them to posted
+ * receives by (peer, tag, order). Unmatched arrivals are buffered. It runs
+ * independently of collectives so a pending send never blocks the queue.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define P2P_MAGIC 0x74637032u /* "tcp2" */
+
+typedef struct p2p_header {
+  uint32_t magic;
+  uint32_t reserved;
+  uint64_t tag;
+  uint64_t bytes;
+} p2p_header_t;
+
+/* A message that arrived before its receive was posted. */
+typedef struct unexpected_msg {
+  uint64_t tag;
+  size_t bytes;
+  void *data;
+  struct unexpected_msg *next;
+} unexpected_msg_t;
+
+/* Per-peer state, touched only by the p2p thread. */
+typedef struct peer_state {
+  tcc_op_t *send_head, *send_tail; /* sends in issue order */
+  tcc_op_t *recv_head, *recv_tail; /* posted, unmatched receives */
+  unexpected_msg_t *unexp_head, *unexp_tail;
+  /* incoming message being read */
+  p2p_header_t in_hdr;
+  size_t in_hdr_got;
+  int in_payload;          /* 1 while reading a payload */
+  char *in_dst;            /* where the payload goes (NULL: discard) */
+  size_t in_remaining;
+  size_t in_discard;       /* bytes still to drop (size mismatch) */
+  tcc_op_t *in_op;         /* receive being filled, or NULL */
+  unexpected_msg_t *in_unexp; /* buffer being filled, or NULL */
+} peer_state_t;
+
+struct tcc_engine {
+  pthread_mutex_t lock;
+  pthread_cond_t coll_cv;
+  pthread_cond_t p2p_cv;
+  tcc_op_t *coll_head, *coll_tail;
+  tcc_op_t *p2p_new_head, *p2p_new_tail;
+  int stopping;
+  int p2p_idle; /* p2p thread sleeping on p2p_cv */
+  pthread_mutex_t runner;
+  pthread_t coll_thread, p2p_thread;
+  int coll_started, p2p_started;
+  peer_state_t *peers;
+  int p2p_pending; /* ops owned by the p2p thread */
+};
+
+/* ---- op completion ---------------------------------------------------- */
+
+void tcc_op_finish(tcc_op_t *op, tcc_result_t result, const char *msg) {
+  op->result = result;
+  if (result != TCC_OK && msg) snprintf(op->error, sizeof op->error, "%s", msg);
+  pthread_mutex_lock(&op->cb_lock);
+  tcc_op_callback_t cb = op->cb;
+  void *arg = op->cb_arg;
+  op->cb = NULL;
+  atomic_store(&op->finished, 1);
+  pthread_mutex_unlock(&op->cb_lock);
+  /* The callback runs before waiters wake, so when wait() returns any
+   * future completed by the callback is already complete. */
+  if (cb) cb(op, arg);
+  atomic_fetch_add(&op->finished_futex, 1);
+  tcc_futex_wake_all(&op->finished_futex);
+}
+
+/* ---- collectives ------------------------------------------------------ */
+
+static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
+  if (atomic_load(&comm->aborted)) {
+    char msg[TCC_ERRLEN];
+    pthread_mutex_lock(&comm->fail_lock);
+    snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) not run: %.400s",
+             tcc_coll_name(op->coll.kind), comm->name, comm->rank, comm->fail_msg);
+    tcc_result_t code = comm->fail_code;
+    pthread_mutex_unlock(&comm->fail_lock);
+    tcc_op_finish(op, code, msg);
+    return;
+  }
+  tcc_err_t err = {TCC_OK, {0}};
+  op->deadline_ns = tcc_now_ns() + op->timeout_ms * 1000000LL;
+  tcc_result_t r = comm->ops->run_collective(comm, &op->coll, op->seq, op->deadline_ns, &err);
+  if (r != TCC_OK && err.msg[0] == 0)
+    tcc_err_set(&err, r, "tccomm %s on '%s' (rank %d) failed: %s", tcc_coll_name(op->coll.kind),
+                comm->name, comm->rank, tcc_result_string(r));
+  /* A mismatch is detected by every rank before data moves, so the
+   * communicator stays usable; anything else leaves ranks out of step. */
+  if (r != TCC_OK && r != TCC_ERR_MISMATCH && r != TCC_ERR_INVALID && r != TCC_ERR_UNSUPPORTED)
+    tcc_comm_fail(comm, r, err.msg);
+  tcc_op_finish(op, r, err.msg);
+}
+
+/* Runs queued collectives in order until the queue is empty, or until
+ * `until` has finished. Caller holds e->runner. */
+static void run_collective_queue(tcc_comm_t *comm, tcc_op_t *until) {
+  tcc_engine_t *e = comm->engine;
+  for (;;) {
+    if (until && atomic_load(&until->finished)) return;
+    pthread_mutex_lock(&e->lock);
+    tcc_op_t *op = e->coll_head;
+    if (op) {
+      e->coll_head = op->next;
+      if (!e->coll_head) e->coll_tail = NULL;
+      op->next = NULL;
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (!op) return;
+    execute_collective(comm, op);
+    tcc_op_release(op);
+  }
+}
+
+static void *collective_thread_main(void *arg) {
+  tcc_comm_t *comm = arg;
+  tcc_engine_t *e = comm->engine;
+  pthread_mutex_lock(&e->lock);
+  for (;;) {
+    while (!e->coll_head && !e->stopping) pthread_cond_wait(&e->coll_cv, &e->lock);
+    if (!e->coll_head && e->stopping) break;
+    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_lock(&e->runner);
+    run_collective_queue(comm, NULL);
+    pthread_mutex_unlock(&e->runner);
+    pthread_mutex_lock(&e->lock);
+  }
+  pthread_mutex_unlock(&e->lock);
+  return NULL;
+}
+
+/* ---- point to point --------------------------------------------------- */
+
+static void op_fail_fmt(tcc_op_t *op, tcc_result_t code, const char *fmt, const char *cause) {
+  char msg[TCC_ERRLEN];
+  snprintf(msg, sizeof msg, fmt, op->kind == TCC_OP_SEND ? "send" : "recv", op->comm->name,
+           op->comm->rank, op->kind == TCC_OP_SEND ? "to" : "from", op->peer,
+           (unsigned long long)op->tag, cause);
+  tcc_op_finish(op, code, msg);
+}
+
+#define P2P_FAIL_FMT "tccomm %s on '%s' (rank %d) %s rank %d, tag %llu: %s"
+
+static void queue_push(tcc_op_t **head, tcc_op_t **tail, tcc_op_t *op) {
+  op->next = NULL;
+  if (*tail) (*tail)->next = op; else *head = op;
+  *tail = op;
+}
+
+static void finish_p2p(tcc_engine_t *e, tcc_op_t *op, tcc_result_t r, const char *cause) {
+  if (r == TCC_OK) tcc_op_finish(op, TCC_OK, NULL);
+  else op_fail_fmt(op, r, P2P_FAIL_FMT, cause);
+  e->p2p_pending--;
+  tcc_op_release(op);
+}
+
+/* Starts filling a posted receive from a message of `bytes` bytes. */
+static void start_payload_into_recv(tcc_engine_t *e, peer_state_t *ps, tcc_op_t *op, size_t bytes) {
+  if (bytes != op->bytes) {
+    char cause[160];
+    snprintf(cause, sizeof cause, "size mismatch: the receive buffer holds %zu bytes, the peer sent %zu",
+             op->bytes, bytes);
+    finish_p2p(e, op, TCC_ERR_MISMATCH, cause);
+    ps->in_op = NULL;
+    ps->in_dst = NULL;
+    ps->in_discard = bytes;
+    ps->in_remaining = 0;
+  } else {
+    ps->in_op = op;
+    ps->in_dst = op->buf;
+    ps->in_remaining = bytes;
+    ps->in_discard = 0;
+  }
+}
+
+/* Matches a posted receive against buffered arrivals. Returns 1 if done. */
+static int match_unexpected(tcc_engine_t *e, peer_state_t *ps, tcc_op_t *op) {
+  unexpected_msg_t *prev = NULL;
+  for (unexpected_msg_t *m = ps->unexp_head; m; prev = m, m = m->next) {
+    if (m->tag != op->tag || m == ps->in_unexp) continue;
+    if (prev) prev->next = m->next; else ps->unexp_head = m->next;
+    if (ps->unexp_tail == m) ps->unexp_tail = prev;
+    if (m->bytes != op->bytes) {
+      char cause[160];
+      snprintf(cause, sizeof cause, "size mismatch: the receive buffer holds %zu bytes, the peer sent %zu",
+               op->bytes, m->bytes);
+      finish_p2p(e, op, TCC_ERR_MISMATCH, cause);
+    } else {
+      if (m->bytes) memcpy(op->buf, m->data, m->bytes);
+      finish_p2p(e, op, TCC_OK, NULL);
+    }
+    free(m->data);
+    free(m);
+    return 1;
+  }
+  return 0;
+}
+
+static tcc_op_t *take_posted_recv(peer_state_t *ps, uint64_t tag) {
+  tcc_op_t *prev = NULL;
+  for (tcc_op_t *op = ps->recv_head; op; prev = op, op = op->next) {
+    if (op->tag != tag) continue;
+    if (prev) prev->next = op->next; else ps->recv_head = op->next;
+    if (ps->recv_tail == op) ps->recv_tail = prev;
+    op->next = NULL;
+    return op;
+  }
+  return NULL;
+}
+
+/* Moves bytes of the head send of one peer. Returns bytes moved or -1. */
+static ssize_t progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
+  tcc_engine_t *e = comm->engine;
+  ssize_t moved = 0;
+  while (ps->send_head) {
+    tcc_op_t *op = ps->send_head;
+    size_t total = sizeof(p2p_header_t) + op->bytes;
+    while (op->done_bytes < total) {
+      ssize_t n;
+      if (op->done_bytes < sizeof(p2p_header_t)) {
+        p2p_header_t h = {P2P_MAGIC, 0, op->tag, op->bytes};
+        n = comm->ops->p2p_write(comm, peer, (char *)&h + op->done_bytes,
+                                 sizeof h - op->done_bytes, err);
+      } else {
+        size_t off = op->done_bytes - sizeof(p2p_header_t);
+        n = comm->ops->p2p_write(comm, peer, (char *)op->buf + off, op->bytes - off, err);
+      }
+      if (n < 0) return -1;
+      if (n == 0) return moved;
+      op->done_bytes += (size_t)n;
+      moved += n;
+    }
+    ps->send_head = op->next;
+    if (!ps->send_head) ps->send_tail = NULL;
+    finish_p2p(e, op, TCC_OK, NULL);
+  }
+  return moved;
+}
+
+/* Reads whatever one peer has sent. Returns bytes moved or -1. */
+static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
+  tcc_engine_t *e = comm->engine;
+  ssize_t moved = 0;
+  for (;;) {
+    if (!ps->in_payload) {
+      ssize_t n = comm->ops->p2p_read(comm, peer, (char *)&ps->in_hdr + ps->in_hdr_got,
+                                      sizeof ps->in_hdr - ps->in_hdr_got, err);
+      if (n < 0) return -1;
+      if (n == 0) return moved;
+      moved += n;
+      ps->in_hdr_got += (size_t)n;
+      if (ps->in_hdr_got < sizeof ps->in_hdr) continue;
+      if (ps->in_hdr.magic != P2P_MAGIC) {
+        tcc_err_set(err, TCC_ERR_REMOTE, "tccomm p2p on '%s' (rank %d): corrupt stream from rank %d",
+                    comm->name, comm->rank, peer);
+        return -1;
+      }
+      ps->in_hdr_got = 0;
+      ps->in_payload = 1;
+      size_t bytes = (size_t)ps->in_hdr.bytes;
+      tcc_op_t *op = take_posted_recv(ps, ps->in_hdr.tag);
+      if (op) {
+        start_payload_into_recv(e, ps, op, bytes);
+      } else {
+        unexpected_msg_t *m = calloc(1, sizeof *m);
+        void *data = bytes ? malloc(bytes) : NULL;
+        if (!m || (bytes && !data)) {
+          free(m);
+          free(data);
+          tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm p2p on '%s' (rank %d): out of memory buffering %zu bytes",
+                      comm->name, comm->rank, bytes);
+          return -1;
+        }
+        m->tag = ps->in_hdr.tag;
+        m->bytes = bytes;
+        m->data = data;
+        /* Listed now so later messages with the same tag stay behind it. */
+        if (ps->unexp_tail) ps->unexp_tail->next = m; else ps->unexp_head = m;
+        ps->unexp_tail = m;
+        ps->in_unexp = m;
+        ps->in_op = NULL;
+        ps->in_dst = data;
+        ps->in_remaining = bytes;
+        ps->in_discard = 0;
+      }
+    }
+    /* payload */
+    while (ps->in_remaining > 0 || ps->in_discard > 0) {
+      ssize_t n;
+      if (ps->in_remaining > 0) {
+        n = comm->ops->p2p_read(comm, peer, ps->in_dst, ps->in_remaining, err);
+        if (n > 0) { ps->in_dst += n; ps->in_remaining -= (size_t)n; }
+      } else {
+        char sink[4096];
+        size_t want = ps->in_discard < sizeof sink ? ps->in_discard : sizeof sink;
+        n = comm->ops->p2p_read(comm, peer, sink, want, err);
+        if (n > 0) ps->in_discard -= (size_t)n;
+      }
+      if (n < 0) return -1;
+      if (n == 0) return moved;
+      moved += n;
+    }
+    ps->in_payload = 0;
+    if (ps->in_op) {
+      tcc_op_t *op = ps->in_op;
+      ps->in_op = NULL;
+      finish_p2p(e, op, TCC_OK, NULL);
+    } else if (ps->in_unexp) {
+      unexpected_msg_t *m = ps->in_unexp;
+      ps->in_unexp = NULL;
+      /* A receive may have been posted while the payload streamed in. */
+      tcc_op_t *op = take_posted_recv(ps, m->tag);
+      if (op) match_unexpected(e, ps, op);
+    }
+  }
+}
+
+/* Hands newly submitted p2p ops to their peers' queues. */
+static void adopt_new_p2p_ops(tcc_engine_t *e, tcc_op_t *list) {
+  while (list) {
+    tcc_op_t *op = list;
+    list = op->next;
+    peer_state_t *ps = &e->peers[op->peer];
+    if (op->kind == TCC_OP_SEND) {
+      queue_push(&ps->send_head, &ps->send_tail, op);
+    } else if (!match_unexpected(e, ps, op)) {
+      queue_push(&ps->recv_head, &ps->recv_tail, op);
+    }
+  }
+}
+
+/* Fails every p2p op whose deadline passed (or all of them if `all`). A
+ * transfer cut in the middle leaves the stream unusable: the communicator
+ * fails. */
+static void expire_p2p_ops(tcc_comm_t *comm, int64_t now, int all, tcc_result_t code,
+                           const char *cause) {
+  tcc_engine_t *e = comm->engine;
+  for (int p = 0; p < comm->size; p++) {
+    peer_state_t *ps = &e->peers[p];
+    tcc_op_t **link = &ps->send_head;
+    tcc_op_t *prev = NULL;
+    while (*link) {
+      tcc_op_t *op = *link;
+      if (all || now > op->deadline_ns) {
+        if (op->done_bytes > 0 && !all)
+          tcc_comm_fail(comm, TCC_ERR_TIMEOUT, "a point-to-point send timed out part-way");
+        *link = op->next;
+        if (ps->send_tail == op) ps->send_tail = prev;
+        char why[200];
+        if (all) snprintf(why, sizeof why, "%s", cause);
+        else snprintf(why, sizeof why, "timed out after %lld ms: the peer did not receive it (%s)",
+                      (long long)op->timeout_ms, cause);
+        finish_p2p(e, op, all ? code : TCC_ERR_TIMEOUT, why);
+        continue;
+      }
+      prev = op;
+      link = &op->next;
+    }
+    link = &ps->recv_head;
+    prev = NULL;
+    while (*link) {
+      tcc_op_t *op = *link;
+      if (all || now > op->deadline_ns) {
+        *link = op->next;
+        if (ps->recv_tail == op) ps->recv_tail = prev;
+        char why[200];
+        if (all) snprintf(why, sizeof why, "%s", cause);
+        else snprintf(why, sizeof why, "timed out after %lld ms: no matching send arrived (%s)",
+                      (long long)op->timeout_ms, cause);
+        finish_p2p(e, op, all ? code : TCC_ERR_TIMEOUT, why);
+        continue;
+      }
+      prev = op;
+      link = &op->next;
+    }
+    if (ps->in_op && (all || now > ps->in_op->deadline_ns)) {
+      tcc_op_t *op = ps->in_op;
+      ps->in_op = NULL;
+      ps->in_discard = ps->in_remaining;
+      ps->in_remaining = 0;
+      ps->in_dst = NULL;
+      finish_p2p(e, op, all ? code : TCC_ERR_TIMEOUT,
+                 all ? cause : "timed out while the message was arriving");
+    }
+  }
+}
+
+static void free_unexpected(tcc_engine_t *e, int size) {
+  for (int p = 0; p < size; p++) {
+    unexpected_msg_t *m = e->peers[p].unexp_head;
+    while (m) {
+      unexpected_msg_t *next = m->next;
+      free(m->data);
+      free(m);
+      m = next;
+    }
+    e->peers[p].unexp_head = e->peers[p].unexp_tail = NULL;
+  }
+}
+
+static void *p2p_thread_main(void *arg) {
+  tcc_comm_t *comm = arg;
+  tcc_engine_t *e = comm->engine;
+  bool *want_write = calloc((size_t)comm->size, sizeof *want_write);
+  int idle_spins = 0;
+  for (;;) {
+    pthread_mutex_lock(&e->lock);
+    tcc_op_t *fresh = e->p2p_new_head;
+    e->p2p_new_head = e->p2p_new_tail = NULL;
+    if (!fresh && e->p2p_pending == 0) {
+      if (e->stopping) {
+        pthread_mutex_unlock(&e->lock);
+        break;
+      }
+      e->p2p_idle = 1;
+      pthread_cond_wait(&e->p2p_cv, &e->lock);
+      e->p2p_idle = 0;
+      pthread_mutex_unlock(&e->lock);
+      continue;
+    }
+    int stopping = e->stopping;
+    pthread_mutex_unlock(&e->lock);
+    adopt_new_p2p_ops(e, fresh);
+
+    if (atomic_load(&comm->aborted) || stopping) {
+      char cause[TCC_ERRLEN];
+      pthread_mutex_lock(&comm->fail_lock);
+      snprintf(cause, sizeof cause, "%s",
+               atomic_load(&comm->aborted) ? comm->fail_msg : "the communicator was destroyed");
+      tcc_result_t code = atomic_load(&comm->aborted) ? comm->fail_code : TCC_ERR_ABORTED;
+      pthread_mutex_unlock(&comm->fail_lock);
+      expire_p2p_ops(comm, 0, 1, code, cause);
+      continue;
+    }
+
+    ssize_t moved = 0;
+    tcc_err_t err = {TCC_OK, {0}};
+    for (int p = 0; p < comm->size && err.code == TCC_OK; p++) {
+      if (p == comm->rank) continue; /* no self channel: peers are validated */
+      peer_state_t *ps = &e->peers[p];
+      ssize_t n = progress_send(comm, p, ps, &err);
+      if (n > 0) moved += n;
+      want_write[p] = ps->send_head != NULL;
+      n = progress_recv(comm, p, ps, &err);
+      if (n > 0) moved += n;
+    }
+    if (err.code != TCC_OK) {
+      tcc_comm_fail(comm, err.code, err.msg);
+      continue;
+    }
+    int64_t now = tcc_now_ns();
+    expire_p2p_ops(comm, now, 0, TCC_ERR_TIMEOUT, "check that the peer posts the matching operation");
+    if (moved > 0) {
+      idle_spins = 0;
+      continue;
+    }
+    if (e->p2p_pending == 0) continue;
+    if (idle_spins++ < comm->spin_iters / 16) {
+      tcc_cpu_relax();
+      continue;
+    }
+    idle_spins = 0;
+    comm->ops->p2p_wait(comm, want_write, 50 * 1000000LL);
+  }
+  free(want_write);
+  return NULL;
+}
+
+/* ---- lifecycle -------------------------------------------------------- */
+
+tcc_result_t tcc_engine_start(tcc_comm_t *comm, tcc_err_t *err) {
+  tcc_engine_t *e = calloc(1, sizeof *e);
+  if (!e) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  e->peers = calloc((size_t)comm->size, sizeof *e->peers);
+  if (!e->peers) {
+    free(e);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  }
+  pthread_mutex_init(&e->lock, NULL);
+  pthread_mutex_init(&e->runner, NULL);
+  pthread_cond_init(&e->coll_cv, NULL);
+  pthread_cond_init(&e->p2p_cv, NULL);
+  comm->engine = e;
+  int rc = pthread_create(&e->coll_thread, NULL, collective_thread_main, comm);
+  if (rc == 0) {
+    e->coll_started = 1;
+    rc = pthread_create(&e->p2p_thread, NULL, p2p_thread_main, comm);
+    if (rc == 0) e->p2p_started = 1;
+  }
+  if (rc != 0) {
+    tcc_engine_stop(comm);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s': cannot start engine threads: %s", comm->name,
+                       strerror(rc));
+  }
+  return TCC_OK;
+}
+
+void tcc_engine_submit(tcc_comm_t *comm, tcc_op_t *op) {
+  tcc_engine_t *e = comm->engine;
+  tcc_op_retain(op);
+  pthread_mutex_lock(&e->lock);
+  if (op->kind == TCC_OP_COLL) {
+    /* Numbered under the lock so numbers follow queue order. */
+    op->seq = atomic_fetch_add(&comm->coll_issued, 1) + 1;
+    queue_push(&e->coll_head, &e->coll_tail, op);
+    pthread_cond_signal(&e->coll_cv);
+    pthread_mutex_unlock(&e->lock);
+    return;
+  }
+  op->deadline_ns = tcc_now_ns() + op->timeout_ms * 1000000LL;
+  queue_push(&e->p2p_new_head, &e->p2p_new_tail, op);
+  e->p2p_pending++;
+  int idle = e->p2p_idle;
+  if (idle) pthread_cond_signal(&e->p2p_cv);
+  pthread_mutex_unlock(&e->lock);
+  if (!idle) comm->ops->p2p_notify(comm);
+}
+
+void tcc_engine_wake(tcc_comm_t *comm) {
+  tcc_engine_t *e = comm->engine;
+  if (!e) return;
+  pthread_mutex_lock(&e->lock);
+  pthread_cond_broadcast(&e->coll_cv);
+  pthread_cond_broadcast(&e->p2p_cv);
+  pthread_mutex_unlock(&e->lock);
+  if (comm->ops) comm->ops->p2p_notify(comm);
+}
+
+void tcc_engine_stop(tcc_comm_t *comm) {
+  tcc_engine_t *e = comm->engine;
+  if (!e) return;
+  pthread_mutex_lock(&e->lock);
+  e->stopping = 1;
+  pthread_cond_broadcast(&e->coll_cv);
+  pthread_cond_broadcast(&e->p2p_cv);
+  pthread_mutex_unlock(&e->lock);
+  if (comm->ops) comm->ops->p2p_notify(comm);
+  if (e->coll_started) pthread_join(e->coll_thread, NULL);
+  if (e->p2p_started) pthread_join(e->p2p_thread, NULL);
+  free_unexpected(e, comm->size);
+  pthread_mutex_destroy(&e->lock);
+  pthread_mutex_destroy(&e->runner);
+  pthread_cond_destroy(&e->coll_cv);
+  pthread_cond_destroy(&e->p2p_cv);
+  free(e->peers);
+  free(e);
+  comm->engine = NULL;
+}
+
+/* ---- op handles ------------------------------------------------------- */
+
+int tcc_op_test(tcc_op_t *op) { return atomic_load(&op->finished); }
+
+tcc_result_t tcc_op_result(const tcc_op_t *op) {
+  return atomic_load(&((tcc_op_t *)op)->finished) ? op->result : TCC_ERR_INPROGRESS;
+}
+
+const char *tcc_op_error(const tcc_op_t *op) {
+  return atomic_load(&((tcc_op_t *)op)->finished) ? op->error : "";
+}
+
+tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms) {
+  if (atomic_load(&op->finished)) return op->result;
+  tcc_comm_t *comm = op->comm;
+  /* Run the queue ourselves when nobody else is: see the file comment. */
+  if (op->kind == TCC_OP_COLL && comm->engine &&
+      pthread_mutex_trylock(&comm->engine->runner) == 0) {
+    run_collective_queue(comm, op);
+    pthread_mutex_unlock(&comm->engine->runner);
+  }
+  int64_t deadline = timeout_ms < 0 ? INT64_MAX : tcc_now_ns() + timeout_ms * 1000000LL;
+  for (int i = 0; i < comm->spin_iters; i++) {
+    if (atomic_load(&op->finished)) return op->result;
+    tcc_cpu_relax();
+  }
+  for (;;) {
+    unsigned v = atomic_load(&op->finished_futex);
+    if (atomic_load(&op->finished)) return op->result;
+    int64_t now = tcc_now_ns();
+    if (now >= deadline) return TCC_ERR_INPROGRESS;
+    int64_t nap = deadline - now;
+    if (nap > 100 * 1000000LL) nap = 100 * 1000000LL;
+    tcc_futex_wait(&op->finished_futex, v, nap);
+  }
+}
+
+void tcc_op_on_complete(tcc_op_t *op, tcc_op_callback_t fn, void *arg) {
+  pthread_mutex_lock(&op->cb_lock);
+  if (!atomic_load(&op->finished)) {
+    op->cb = fn;
+    op->cb_arg = arg;
+    pthread_mutex_unlock(&op->cb_lock);
+    return;
+  }
+  pthread_mutex_unlock(&op->cb_lock);
+  fn(op, arg);
+}
+
+void tcc_op_retain(tcc_op_t *op) { atomic_fetch_add(&op->refs, 1); }
+
+void tcc_op_release(tcc_op_t *op) {
+  if (!op) return;
+  if (atomic_fetch_sub(&op->refs, 1) != 1) return;
+  pthread_mutex_destroy(&op->cb_lock);
+  free(op->owned_arrays);
+  free(op);
+}

@@ -1,0 +1,376 @@
+/*
+ * shm.c - the shared-memory transport: segment setup, the stage barrier,
+ * and the point-to-point rings. Collective algorithms are in shm_coll.c;
+ * the layout and the stage rule are described in shm.h.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shm.h"
+
+#define SHM_READY 0x74637368u /* "tcsh" */
+#define HEADER_BYTES 4096
+#define DEFAULT_WINDOW (512u * 1024u)
+#define DEFAULT_SMALL (32u * 1024u)
+
+static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+static size_t env_bytes(const char *name, size_t dflt, size_t lo, size_t hi) {
+  const char *s = getenv(name);
+  if (!s || !*s) return dflt;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (*end != 0 || v < lo || v > hi) return dflt;
+  return (size_t)v;
+}
+
+static void sleep_ns(long ns) {
+  struct timespec ts = {0, ns};
+  nanosleep(&ts, NULL);
+}
+
+/* ---- layout ----------------------------------------------------------- */
+
+static size_t ring_stride(const shm_header_t *h) {
+  return align_up(sizeof(shm_ring_t) + h->ring_bytes, 4096);
+}
+
+static shm_ring_t *ring_of(shm_state_t *st, int from, int to) {
+  size_t idx = (size_t)from * st->hdr->size + (size_t)to;
+  return (shm_ring_t *)(st->base + st->hdr->ring_off + idx * ring_stride(st->hdr));
+}
+
+static void layout(shm_header_t *h, int n) {
+  h->size = (uint32_t)n;
+  h->window = align_up(env_bytes("TCCOMM_SHM_WINDOW_BYTES", DEFAULT_WINDOW, 4096, 64u << 20), 4096);
+  /* Each stage gives every rank at least a cache line of the window. */
+  if (h->window < align_up((size_t)n * TCC_CACHELINE, 4096)) h->window = align_up((size_t)n * TCC_CACHELINE, 4096);
+  h->ring_bytes = n <= 4 ? (1u << 20) : align_up((4u << 20) / (size_t)n, 4096);
+  if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
+  h->desc_stride = align_up(tcc_coll_desc_bytes(TCC_COLL_ALLTOALL, n), TCC_CACHELINE);
+  h->ctrl_off = HEADER_BYTES;
+  h->desc_off = align_up(h->ctrl_off + (size_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
+  h->data_off = align_up(h->desc_off + (size_t)n * 2 * h->desc_stride, 4096);
+  h->ring_off = h->data_off + (size_t)n * 2 * 2 * h->window;
+  h->total_bytes = h->ring_off + (size_t)n * (size_t)n * ring_stride(h);
+}
+
+/* ---- setup ------------------------------------------------------------ */
+
+static void segment_name(const tcc_blob_t *rank0, char out[64]) {
+  int len = snprintf(out, 64, "/tccomm-");
+  for (int i = 0; i < TCC_TOKEN_BYTES; i++) len += snprintf(out + len, 64 - (size_t)len, "%02x", rank0->token[i]);
+}
+
+static tcc_result_t create_segment(tcc_comm_t *comm, const char *name, shm_state_t *st, tcc_err_t *err) {
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank 0): shm_open(%s) failed: %s", comm->name,
+                       name, strerror(errno));
+  shm_header_t h;
+  memset(&h, 0, sizeof h);
+  layout(&h, comm->size);
+  if (ftruncate(fd, (off_t)h.total_bytes) != 0) {
+    int e = errno;
+    close(fd);
+    shm_unlink(name);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank 0): cannot size shared memory to %llu bytes: %s",
+                       comm->name, (unsigned long long)h.total_bytes, strerror(e));
+  }
+  void *base = mmap(NULL, h.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank 0): mmap failed: %s", comm->name,
+                       strerror(errno));
+  }
+  /* Fresh tmpfs pages are zero: counters, rings and doorbells start at 0. */
+  shm_header_t *hdr = base;
+  hdr->size = h.size;
+  hdr->total_bytes = h.total_bytes;
+  hdr->window = h.window;
+  hdr->ring_bytes = h.ring_bytes;
+  hdr->desc_stride = h.desc_stride;
+  hdr->ctrl_off = h.ctrl_off;
+  hdr->desc_off = h.desc_off;
+  hdr->data_off = h.data_off;
+  hdr->ring_off = h.ring_off;
+  atomic_store(&hdr->ready, SHM_READY); /* publishes the fields above */
+  st->base = base;
+  st->bytes = h.total_bytes;
+  st->hdr = hdr;
+  return TCC_OK;
+}
+
+static tcc_result_t open_segment(tcc_comm_t *comm, const char *name, int64_t deadline, shm_state_t *st,
+                                 tcc_err_t *err) {
+  int fd = -1;
+  struct stat sb;
+  for (;;) {
+    if (fd < 0) fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0 && errno != ENOENT)
+      return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): shm_open(%s) failed: %s", comm->name,
+                         comm->rank, name, strerror(errno));
+    if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size >= HEADER_BYTES) {
+      shm_header_t *probe = mmap(NULL, HEADER_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+      if (probe != MAP_FAILED) {
+        int ready = atomic_load(&probe->ready) == SHM_READY;
+        uint64_t total = probe->total_bytes;
+        munmap(probe, HEADER_BYTES);
+        if (ready) {
+          void *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+          close(fd);
+          if (base == MAP_FAILED)
+            return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): mmap failed: %s", comm->name,
+                               comm->rank, strerror(errno));
+          st->base = base;
+          st->bytes = total;
+          st->hdr = base;
+          return TCC_OK;
+        }
+      }
+    }
+    if (tcc_now_ns() > deadline) {
+      if (fd >= 0) close(fd);
+      return tcc_err_set(err, TCC_ERR_TIMEOUT,
+                         "tccomm '%s' (rank %d): timed out waiting for rank 0 to create the shared-memory "
+                         "segment",
+                         comm->name, comm->rank);
+    }
+    sleep_ns(200 * 1000);
+  }
+}
+
+static const tcc_transport_ops_t shm_ops;
+static void shm_destroy(tcc_comm_t *comm);
+
+tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err) {
+  shm_state_t *st = calloc(1, sizeof *st);
+  if (!st) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  char name[64];
+  segment_name(&blobs[0], name);
+  int64_t deadline = tcc_now_ns() + atomic_load(&comm->timeout_ms) * 1000000LL;
+  tcc_result_t r = comm->rank == 0 ? create_segment(comm, name, st, err)
+                                   : open_segment(comm, name, deadline, st, err);
+  if (r != TCC_OK) {
+    free(st);
+    return r;
+  }
+  /* The last rank to map the segment removes its name: after that a crash
+   * of any rank cannot leak it. */
+  int n = comm->size;
+  if (atomic_fetch_add(&st->hdr->attached, 1) + 1 == n) shm_unlink(name);
+  while (atomic_load(&st->hdr->attached) < n) {
+    if (tcc_now_ns() > deadline) {
+      int got = atomic_load(&st->hdr->attached);
+      shm_unlink(name);
+      munmap(st->base, st->bytes);
+      free(st);
+      return tcc_err_set(err, TCC_ERR_TIMEOUT,
+                         "tccomm '%s' (rank %d): timed out after %lld ms: only %d of %d ranks attached to "
+                         "the shared-memory segment",
+                         comm->name, comm->rank, (long long)atomic_load(&comm->timeout_ms), got, n);
+    }
+    sleep_ns(50 * 1000);
+  }
+  st->srcs = calloc((size_t)n, sizeof *st->srcs);
+  st->descs = calloc((size_t)n, sizeof *st->descs);
+  st->pieces = calloc((size_t)n, sizeof *st->pieces);
+  st->reads = calloc((size_t)n, sizeof *st->reads);
+  st->part_src = calloc((size_t)n, sizeof *st->part_src);
+  st->part_out = calloc((size_t)n, sizeof *st->part_out);
+  st->part_len = calloc((size_t)n, sizeof *st->part_len);
+  if (!st->srcs || !st->descs || !st->pieces || !st->reads || !st->part_src || !st->part_out ||
+      !st->part_len) {
+    comm->transport_state = st;
+    shm_destroy(comm);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  }
+  st->window = st->hdr->window;
+  st->small_bytes = env_bytes("TCCOMM_SHM_SMALL_BYTES", DEFAULT_SMALL, 0, st->window);
+  if (st->small_bytes > st->window) st->small_bytes = st->window;
+  comm->transport_state = st;
+  comm->ops = &shm_ops;
+  return TCC_OK;
+}
+
+/* ---- barrier ---------------------------------------------------------- */
+
+static int first_missing(shm_state_t *st, int n, int from, uint64_t stage) {
+  for (int j = from; j < n; j++)
+    if (atomic_load_explicit(&shm_ctrl(st, j)->arrive, memory_order_acquire) < stage) return j;
+  return n;
+}
+
+static tcc_result_t barrier_timeout(tcc_comm_t *comm, shm_state_t *st, const char *what, uint64_t seq,
+                                    uint64_t stage, int64_t timeout_ms, tcc_err_t *err) {
+  char missing[256] = "";
+  size_t len = 0;
+  for (int j = 0; j < comm->size && len < sizeof missing - 16; j++) {
+    if (atomic_load(&shm_ctrl(st, j)->arrive) < stage)
+      len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", j);
+  }
+  return tcc_err_set(err, TCC_ERR_TIMEOUT,
+                     "tccomm %s #%llu on '%s' (rank %d): timed out after %lld ms waiting for rank(s) %s "
+                     "(they did not call it, or are stuck in an earlier operation)",
+                     what, (unsigned long long)seq, comm->name, comm->rank, (long long)timeout_ms, missing);
+}
+
+tcc_result_t tcc_shm_barrier(tcc_comm_t *comm, shm_state_t *st, int64_t deadline_ns, const char *what,
+                             uint64_t seq, tcc_err_t *err) {
+  const int n = comm->size;
+  const uint64_t stage = ++st->stage;
+  shm_header_t *h = st->hdr;
+  atomic_store(&shm_ctrl(st, comm->rank)->arrive, stage);
+  if (atomic_load(&h->barrier_sleepers) > 0) {
+    atomic_fetch_add(&h->barrier_futex, 1);
+    tcc_futex_wake_all(&h->barrier_futex);
+  }
+  int j = first_missing(st, n, 0, stage);
+  for (int spin = 0; j < n && spin < comm->spin_iters; spin++) {
+    tcc_cpu_relax();
+    j = first_missing(st, n, j, stage);
+  }
+  for (int yields = 0; j < n; yields++) {
+    if (atomic_load(&comm->aborted)) {
+      pthread_mutex_lock(&comm->fail_lock);
+      tcc_err_set(err, TCC_ERR_ABORTED, "tccomm %s #%llu on '%s' (rank %d) interrupted: %s", what,
+                  (unsigned long long)seq, comm->name, comm->rank, comm->fail_msg);
+      pthread_mutex_unlock(&comm->fail_lock);
+      return TCC_ERR_ABORTED;
+    }
+    int64_t now = tcc_now_ns();
+    if (now > deadline_ns) {
+      /* Leave the stage counter as is: the communicator is failed anyway. */
+      int64_t timeout_ms = atomic_load(&comm->timeout_ms);
+      return barrier_timeout(comm, st, what, seq, stage, timeout_ms, err);
+    }
+    if (yields < 64) {
+      sched_yield();
+    } else {
+      atomic_fetch_add(&h->barrier_sleepers, 1);
+      unsigned v = atomic_load(&h->barrier_futex);
+      if (first_missing(st, n, j, stage) < n) {
+        int64_t nap = deadline_ns - now;
+        if (nap > 20 * 1000000LL) nap = 20 * 1000000LL;
+        tcc_futex_wait(&h->barrier_futex, v, nap);
+      }
+      atomic_fetch_sub(&h->barrier_sleepers, 1);
+    }
+    j = first_missing(st, n, j, stage);
+  }
+  return TCC_OK;
+}
+
+/* ---- point-to-point rings --------------------------------------------- */
+
+static void ring_doorbell(shm_state_t *st, int rank) {
+  shm_rank_ctrl_t *c = shm_ctrl(st, rank);
+  if (atomic_load(&c->doorbell_sleeping)) {
+    atomic_fetch_add(&c->doorbell, 1);
+    tcc_futex_wake_all(&c->doorbell);
+  }
+}
+
+static ssize_t shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err) {
+  (void)err;
+  shm_state_t *st = shm_of(comm);
+  shm_ring_t *ring = ring_of(st, comm->rank, peer);
+  const size_t cap = st->hdr->ring_bytes;
+  uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
+  uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_acquire);
+  size_t space = cap - (size_t)(head - tail);
+  size_t n = len < space ? len : space;
+  if (n == 0) return 0;
+  size_t at = (size_t)(head % cap);
+  size_t first = n < cap - at ? n : cap - at;
+  memcpy(ring->data + at, buf, first);
+  memcpy(ring->data, (const char *)buf + first, n - first);
+  atomic_store_explicit(&ring->head, head + n, memory_order_seq_cst);
+  ring_doorbell(st, peer);
+  return (ssize_t)n;
+}
+
+static ssize_t shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err) {
+  (void)err;
+  shm_state_t *st = shm_of(comm);
+  shm_ring_t *ring = ring_of(st, peer, comm->rank);
+  const size_t cap = st->hdr->ring_bytes;
+  uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_relaxed);
+  uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
+  size_t avail = (size_t)(head - tail);
+  size_t n = len < avail ? len : avail;
+  if (n == 0) return 0;
+  size_t at = (size_t)(tail % cap);
+  size_t first = n < cap - at ? n : cap - at;
+  memcpy(buf, ring->data + at, first);
+  memcpy((char *)buf + first, ring->data, n - first);
+  atomic_store_explicit(&ring->tail, tail + n, memory_order_seq_cst);
+  ring_doorbell(st, peer); /* the writer may be waiting for space */
+  return (ssize_t)n;
+}
+
+/* True when some ring can move bytes for us right now. */
+static int p2p_ready(tcc_comm_t *comm, shm_state_t *st, const bool *want_write) {
+  for (int p = 0; p < comm->size; p++) {
+    if (p == comm->rank) continue;
+    shm_ring_t *in = ring_of(st, p, comm->rank);
+    if (atomic_load(&in->head) != atomic_load(&in->tail)) return 1;
+    if (want_write[p]) {
+      shm_ring_t *out = ring_of(st, comm->rank, p);
+      if (atomic_load(&out->head) - atomic_load(&out->tail) < st->hdr->ring_bytes) return 1;
+    }
+  }
+  return 0;
+}
+
+static void shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns) {
+  shm_state_t *st = shm_of(comm);
+  shm_rank_ctrl_t *me = shm_ctrl(st, comm->rank);
+  atomic_store(&me->doorbell_sleeping, 1);
+  unsigned v = atomic_load(&me->doorbell);
+  if (!p2p_ready(comm, st, want_write) && !atomic_load(&comm->aborted))
+    tcc_futex_wait(&me->doorbell, v, max_ns);
+  atomic_store(&me->doorbell_sleeping, 0);
+}
+
+static void shm_p2p_notify(tcc_comm_t *comm) {
+  shm_state_t *st = shm_of(comm);
+  if (!st) return;
+  shm_rank_ctrl_t *me = shm_ctrl(st, comm->rank);
+  atomic_fetch_add(&me->doorbell, 1);
+  tcc_futex_wake_all(&me->doorbell);
+}
+
+static void shm_destroy(tcc_comm_t *comm) {
+  shm_state_t *st = shm_of(comm);
+  if (!st) return;
+  munmap(st->base, st->bytes);
+  free(st->srcs);
+  free(st->descs);
+  free(st->pieces);
+  free(st->reads);
+  free(st->part_src);
+  free(st->part_out);
+  free(st->part_len);
+  free(st);
+  comm->transport_state = NULL;
+}
+
+static const tcc_transport_ops_t shm_ops = {
+    .name = "shm",
+    .run_collective = tcc_shm_run_collective,
+    .p2p_write = shm_p2p_write,
+    .p2p_read = shm_p2p_read,
+    .p2p_wait = shm_p2p_wait,
+    .p2p_notify = shm_p2p_notify,
+    .destroy = shm_destroy,
+};

@@ -1,0 +1,284 @@
+/*
+ * tcp_stream.c - moves the byte streams of one collective phase.
+ *
+ * All peers progress at once from a single poll() loop over non-blocking
+ * sockets: a rank never blocks writing to one peer while that peer blocks
+ * writing to it, so no pair can deadlock on full socket buffers. Each
+ * stream is a plain byte sequence whose layout (tcp_link_t) both ends
+ * derive from the same, already agreed, collective descriptor.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "tcp.h"
+
+#define TCP_WAIT_SLICE_MS 100 /* how often a waiting rank looks at `aborted` */
+#define TCP_SLOT_BUDGET (16u << 20) /* all slots of one reduction together */
+#define TCP_SEG_MIN (32u << 10)
+#define TCP_SEG_MAX (1u << 20)
+
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+void tcp_xfer_prefix(const tcp_xfer_t *x, char *buf, size_t len) {
+  snprintf(buf, len, "tcp %s #%llu on communicator '%s' rank %d", x->what,
+           (unsigned long long)x->seq, x->comm->name, x->comm->rank);
+}
+
+/* ---- the reducer ------------------------------------------------------ */
+
+tcc_result_t tcp_reducer_alloc(tcp_xfer_t *x, size_t chunk, bool need_staging,
+                               tcc_err_t *err) {
+  tcp_reducer_t *r = &x->red;
+  int n = x->st->n;
+  size_t seg = TCP_SLOT_BUDGET / (2 * (size_t)n);
+  if (seg < TCP_SEG_MIN) seg = TCP_SEG_MIN;
+  if (seg > TCP_SEG_MAX) seg = TCP_SEG_MAX;
+  seg -= seg % r->esize;
+  /* small messages need no more than their own size */
+  if (chunk < seg) seg = chunk;
+  r->chunk = chunk;
+  r->seg = seg;
+  r->nseg = seg ? (chunk + seg - 1) / seg : 0;
+  r->done_seg = 0;
+  r->slots = NULL;
+  r->staging = NULL;
+  r->srcs = calloc((size_t)n, sizeof(*r->srcs));
+  if (chunk && n > 1) r->slots = malloc((size_t)n * 2 * seg);
+  if (chunk && need_staging) r->staging = malloc(2 * seg);
+  if (!r->srcs || (chunk && n > 1 && !r->slots) || (chunk && need_staging && !r->staging)) {
+    tcp_reducer_free(r);
+    char pre[160];
+    tcp_xfer_prefix(x, pre, sizeof(pre));
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: out of memory for reduction buffers",
+                       pre);
+  }
+  return TCC_OK;
+}
+
+void tcp_reducer_free(tcp_reducer_t *r) {
+  free(r->slots);
+  free(r->staging);
+  free(r->srcs);
+  r->slots = r->staging = NULL;
+  r->srcs = NULL;
+}
+
+static uint8_t *slot_of(const tcp_reducer_t *r, int peer, size_t seg_index) {
+  return r->slots + ((size_t)peer * 2 + (seg_index & 1)) * r->seg;
+}
+
+static size_t seg_end(const tcp_reducer_t *r, size_t seg_index) {
+  return min_size((seg_index + 1) * r->seg, r->chunk);
+}
+
+/* Segment done_seg can be reduced once every peer's part is in its slot,
+ * and, when it goes to a staging buffer, once that buffer's previous
+ * segment (done_seg - 2) has been fully sent. */
+static bool reducer_ready(const tcp_xfer_t *x) {
+  const tcp_reducer_t *r = &x->red;
+  if (r->done_seg >= r->nseg) return false;
+  size_t end = seg_end(r, r->done_seg);
+  for (int j = 0; j < x->st->n; j++) {
+    const tcp_link_t *l = &x->links[j];
+    if (j == x->st->me) continue;
+    if (l->in_done < end) return false;
+    if (!r->out && l->out_red && r->done_seg >= 2) {
+      size_t freed = (r->done_seg - 1) * r->seg;
+      if (l->out_done < l->out_raw + freed) return false;
+    }
+  }
+  return true;
+}
+
+static void reducer_step(tcp_xfer_t *x) {
+  tcp_reducer_t *r = &x->red;
+  size_t k = r->done_seg, start = k * r->seg, len = seg_end(r, k) - start;
+  for (int j = 0; j < x->st->n; j++)
+    r->srcs[j] = j == x->st->me ? (const void *)(r->self_src + start)
+                                : (const void *)slot_of(r, j, k);
+  uint8_t *dst = r->out ? r->out + start : r->staging + (k & 1) * r->seg;
+  tcc_reduce_n(dst, r->srcs, x->st->n, len / r->esize, r->dtype, r->redop, r->premul);
+  r->done_seg++;
+}
+
+/* ---- where the next bytes of a stream live ---------------------------- */
+
+/* Bytes that can be sent to `peer` right now, starting at *p. */
+static size_t out_span(const tcp_xfer_t *x, int peer, const uint8_t **p) {
+  const tcp_link_t *l = &x->links[peer];
+  const tcp_reducer_t *r = &x->red;
+  size_t pos = l->out_done;
+  if (pos < l->out_raw) {
+    *p = l->out_ptr + pos;
+    return l->out_raw - pos;
+  }
+  pos -= l->out_raw;
+  if (pos >= l->out_red) return 0;
+  size_t ready = min_size(r->done_seg * r->seg, r->chunk);
+  if (pos >= ready) return 0;
+  if (r->out) {
+    *p = r->out + pos;
+    return ready - pos;
+  }
+  size_t k = pos / r->seg; /* staging holds one segment per buffer */
+  *p = r->staging + (k & 1) * r->seg + pos % r->seg;
+  return min_size(ready, (k + 1) * r->seg) - pos;
+}
+
+/* Bytes that can be received from `peer` right now, into *p. */
+static size_t in_span(const tcp_xfer_t *x, int peer, uint8_t **p) {
+  const tcp_link_t *l = &x->links[peer];
+  const tcp_reducer_t *r = &x->red;
+  size_t pos = l->in_done;
+  if (pos < l->in_slot) {
+    size_t k = pos / r->seg;
+    if (k >= r->done_seg + 2) return 0; /* both slots still hold unreduced data */
+    *p = slot_of(r, peer, k) + pos % r->seg;
+    return min_size(l->in_slot, (k + 1) * r->seg) - pos;
+  }
+  pos -= l->in_slot;
+  if (pos >= l->in_raw) return 0;
+  *p = l->in_ptr + pos;
+  return l->in_raw - pos;
+}
+
+static bool link_done(const tcp_link_t *l) {
+  return l->out_done == l->out_raw + l->out_red && l->in_done == l->in_slot + l->in_raw;
+}
+
+/* ---- socket I/O ------------------------------------------------------- */
+
+static tcc_result_t peer_failed(const tcp_xfer_t *x, int peer, const char *how,
+                                int errnum, tcc_err_t *err) {
+  char pre[160];
+  tcp_xfer_prefix(x, pre, sizeof(pre));
+  if (errnum)
+    return tcc_err_set(err, TCC_ERR_REMOTE, "%s: %s rank %d failed during %s: %s", pre,
+                       how, peer, x->phase, strerror(errnum));
+  return tcc_err_set(err, TCC_ERR_REMOTE,
+                     "%s: rank %d closed its connection during %s (it failed or "
+                     "was destroyed)", pre, peer, x->phase);
+}
+
+/* Moves what the socket to `peer` takes and gives now. */
+static tcc_result_t pump(tcp_xfer_t *x, int peer, short revents, bool *moved,
+                         tcc_err_t *err) {
+  int fd = x->st->coll_fd[peer];
+  tcp_link_t *l = &x->links[peer];
+  if (revents & (POLLOUT | POLLERR | POLLHUP)) {
+    const uint8_t *p;
+    size_t n;
+    while ((n = out_span(x, peer, &p)) > 0) {
+      ssize_t k = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (k < 0) return peer_failed(x, peer, "sending to", errno, err);
+      l->out_done += (size_t)k;
+      *moved = true;
+      if ((size_t)k < n) break; /* socket buffer full */
+    }
+  }
+  if (revents & (POLLIN | POLLERR | POLLHUP)) {
+    uint8_t *p;
+    size_t n;
+    while ((n = in_span(x, peer, &p)) > 0) {
+      ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (k < 0) return peer_failed(x, peer, "receiving from", errno, err);
+      if (k == 0) return peer_failed(x, peer, NULL, 0, err);
+      l->in_done += (size_t)k;
+      *moved = true;
+      if ((size_t)k < n) break; /* drained */
+    }
+  }
+  return TCC_OK;
+}
+
+/* Lists the peers this rank still waits for (incomplete incoming streams,
+ * else incomplete outgoing ones) into buf. */
+static void pending_peers(const tcp_xfer_t *x, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int pass = 0; pass < 2 && used == 0; pass++) {
+    for (int j = 0; j < x->st->n; j++) {
+      const tcp_link_t *l = &x->links[j];
+      bool waiting = pass == 0 ? l->in_done < l->in_slot + l->in_raw
+                               : l->out_done < l->out_raw + l->out_red;
+      if (j == x->st->me || !waiting) continue;
+      int k = snprintf(buf + used, len - used, "%s%d", used ? ", " : "", j);
+      if (k < 0 || (size_t)k >= len - used) {
+        snprintf(buf + len - 5, 5, "...");
+        return;
+      }
+      used += (size_t)k;
+    }
+  }
+}
+
+static tcc_result_t fail_timeout(const tcp_xfer_t *x, tcc_err_t *err) {
+  char pre[160], peers[200];
+  tcp_xfer_prefix(x, pre, sizeof(pre));
+  pending_peers(x, peers, sizeof(peers));
+  return tcc_err_set(err, TCC_ERR_TIMEOUT,
+                     "%s: timed out during %s waiting for rank(s) %s", pre, x->phase,
+                     peers);
+}
+
+static tcc_result_t fail_aborted(const tcp_xfer_t *x, tcc_err_t *err) {
+  char pre[160];
+  tcp_xfer_prefix(x, pre, sizeof(pre));
+  return tcc_err_set(err, TCC_ERR_ABORTED, "%s: communicator aborted during %s", pre,
+                     x->phase);
+}
+
+tcc_result_t tcp_xfer_run(tcp_xfer_t *x, int64_t deadline_ns, tcc_err_t *err) {
+  tcp_state_t *st = x->st;
+  bool moved = true; /* first poll only looks, it does not sleep */
+  for (;;) {
+    while (reducer_ready(x)) {
+      reducer_step(x);
+      moved = true;
+    }
+    int npfd = 0;
+    bool all_done = x->red.done_seg == x->red.nseg;
+    for (int j = 0; j < st->n; j++) {
+      if (j == st->me || link_done(&x->links[j])) continue;
+      all_done = false;
+      const uint8_t *op;
+      uint8_t *ip;
+      short ev = (short)((out_span(x, j, &op) ? POLLOUT : 0) | (in_span(x, j, &ip) ? POLLIN : 0));
+      if (!ev) continue; /* gated on the reducer, which waits on another peer */
+      st->coll_pfd[npfd] = (struct pollfd){.fd = st->coll_fd[j], .events = ev};
+      st->coll_pfd_peer[npfd++] = j;
+    }
+    if (all_done) return TCC_OK;
+    if (atomic_load(&x->comm->aborted)) return fail_aborted(x, err);
+    int64_t now = tcc_now_ns();
+    if (now >= deadline_ns) return fail_timeout(x, err);
+    if (npfd == 0) {
+      char pre[160];
+      tcp_xfer_prefix(x, pre, sizeof(pre));
+      return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: internal error: %s stalled", pre,
+                         x->phase);
+    }
+    int64_t left_ms = (deadline_ns - now + 999999) / 1000000;
+    int timeout = moved ? 0 : (int)(left_ms < TCP_WAIT_SLICE_MS ? left_ms : TCP_WAIT_SLICE_MS);
+    int rc = poll(st->coll_pfd, (nfds_t)npfd, timeout);
+    if (rc < 0 && errno != EINTR)
+      return tcc_err_set(err, TCC_ERR_SYSTEM, "tcp: poll failed: %s", strerror(errno));
+    moved = false;
+    for (int i = 0; i < npfd && rc > 0; i++) {
+      short rev = st->coll_pfd[i].revents;
+      if (!rev) continue;
+      if (rev & POLLNVAL)
+        return tcc_err_set(err, TCC_ERR_SYSTEM, "tcp: socket of rank %d is closed",
+                           st->coll_pfd_peer[i]);
+      tcc_result_t r = pump(x, st->coll_pfd_peer[i], rev, &moved, err);
+      if (r != TCC_OK) return r;
+    }
+  }
+}

@@ -1,0 +1,334 @@
+/*
+ * test_comm.c - end-to-end tests of the public API (engine + transports)
+ * in real multi-process groups, without torch. Each group is forked from
+ * this process; ranks swap endpoint blobs through an anonymous shared
+ * mapping made before the fork.
+ *
+ * Usage: test_comm [shm|tcp]   (default: both)
+ */
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "tccomm.h"
+
+typedef struct rendezvous {
+  atomic_int published;
+  uint8_t blobs[8 * TCC_ENDPOINT_BLOB_SIZE];
+} rendezvous_t;
+
+typedef void (*rank_fn)(tcc_comm_t *comm);
+
+static tcc_result_t wait_op(tcc_result_t r, tcc_op_t *op, char *msg, size_t len) {
+  if (r != TCC_OK) return r;
+  r = tcc_op_wait(op, -1);
+  if (msg) snprintf(msg, len, "%s", tcc_op_error(op));
+  tcc_op_release(op);
+  return r;
+}
+
+/* Issues `call` (which sets op), then waits for op. */
+#define RUN(call) ({ tcc_result_t run_r_ = (call); wait_op(run_r_, op, NULL, 0); })
+
+static tcc_buf_t host_buf(void *p, size_t count, tcc_dtype_t dt) {
+  return (tcc_buf_t){p, count, dt, -1, NULL};
+}
+
+/* Value of element i of rank r's input in case `salt`: small integers so
+ * float sums are exact and the reference is unambiguous. */
+static float input_value(int r, size_t i, int salt) { return (float)((int)((i * 7 + (size_t)salt) % 13) - 6 + r); }
+
+static void test_allreduce(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const size_t counts[] = {0, 1, 7, 1000, 8191, 300001, 1u << 20};
+  for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
+    size_t count = counts[ci];
+    for (int inplace = 0; inplace < 2; inplace++) {
+      float *in = malloc(count * 4 + 4), *out = malloc(count * 4 + 4);
+      for (size_t i = 0; i < count; i++) in[i] = input_value(me, i, (int)ci);
+      tcc_op_t *op;
+      float *dst = inplace ? in : out;
+      tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(in, count, TCC_FLOAT32),
+                                         host_buf(dst, count, TCC_FLOAT32), TCC_SUM, NULL, &op));
+      CHECK(r == TCC_OK, "allreduce count %zu: %s", count, tcc_result_string(r));
+      size_t bad = 0;
+      for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int k = 0; k < n; k++) want += input_value(k, i, (int)ci);
+        bad += dst[i] != want;
+      }
+      CHECK(bad == 0, "allreduce sum count %zu inplace %d: %zu wrong (rank %d)", count, inplace, bad, me);
+      free(in);
+      free(out);
+    }
+  }
+  /* integer MAX and truncating AVG */
+  int32_t v[5], out[5];
+  for (int i = 0; i < 5; i++) v[i] = (me - 2) * (i + 1) * 3 + 1;
+  tcc_op_t *op;
+  CHECK(RUN(tcc_allreduce(comm, host_buf(v, 5, TCC_INT32), host_buf(out, 5, TCC_INT32), TCC_MAX, NULL, &op)) == TCC_OK, "max");
+  for (int i = 0; i < 5; i++) CHECK(out[i] == (n - 1 - 2) * (i + 1) * 3 + 1, "max[%d]=%d", i, out[i]);
+  CHECK(RUN(tcc_allreduce(comm, host_buf(v, 5, TCC_INT32), host_buf(out, 5, TCC_INT32), TCC_AVG, NULL, &op)) == TCC_OK, "avg");
+  for (int i = 0; i < 5; i++) {
+    int32_t sum = 0;
+    for (int k = 0; k < n; k++) sum += (k - 2) * (i + 1) * 3 + 1;
+    CHECK(out[i] == sum / n, "avg[%d]=%d want %d", i, out[i], sum / n);
+  }
+}
+
+static void test_reduce_and_bcast(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const int root = n - 1;
+  const size_t counts[] = {3, 100000, 400000};
+  for (size_t ci = 0; ci < 3; ci++) {
+    size_t count = counts[ci];
+    double *in = malloc(count * 8), *out = malloc(count * 8);
+    for (size_t i = 0; i < count; i++) in[i] = input_value(me, i, 3);
+    tcc_op_t *op;
+    CHECK(RUN(tcc_reduce(comm, host_buf(in, count, TCC_FLOAT64), host_buf(out, count, TCC_FLOAT64), TCC_SUM,
+                         root, NULL, &op)) == TCC_OK, "reduce");
+    if (me == root) {
+      size_t bad = 0;
+      for (size_t i = 0; i < count; i++) {
+        double want = 0;
+        for (int k = 0; k < n; k++) want += input_value(k, i, 3);
+        bad += out[i] != want;
+      }
+      CHECK(bad == 0, "reduce count %zu: %zu wrong", count, bad);
+    }
+    for (size_t i = 0; i < count; i++) in[i] = me == 0 ? (double)i * 0.25 : -1;
+    CHECK(RUN(tcc_broadcast(comm, host_buf(in, count, TCC_FLOAT64), 0, NULL, &op)) == TCC_OK, "bcast");
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++) bad += in[i] != (double)i * 0.25;
+    CHECK(bad == 0, "broadcast count %zu: %zu wrong", count, bad);
+    free(in);
+    free(out);
+  }
+}
+
+static void test_gathers(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const size_t counts[] = {0, 5, 200003};
+  for (size_t ci = 0; ci < 3; ci++) {
+    size_t count = counts[ci];
+    int32_t *in = malloc(count * 4 + 4), *all = malloc(count * 4 * (size_t)n + 4);
+    tcc_buf_t bufs[8];
+    for (size_t i = 0; i < count; i++) in[i] = (int32_t)(me * 1000003 + (int)i);
+    for (int j = 0; j < n; j++) bufs[j] = host_buf(all + (size_t)j * count, count, TCC_INT32);
+    tcc_op_t *op;
+    memset(all, 0, count * 4 * (size_t)n);
+    CHECK(RUN(tcc_allgather(comm, host_buf(in, count, TCC_INT32), bufs, NULL, &op)) == TCC_OK, "allgather");
+    size_t bad = 0;
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < count; i++) bad += all[(size_t)j * count + i] != (int32_t)(j * 1000003 + (int)i);
+    CHECK(bad == 0, "allgather count %zu: %zu wrong", count, bad);
+
+    int root = n / 2;
+    memset(all, 0, count * 4 * (size_t)n);
+    CHECK(RUN(tcc_gather(comm, host_buf(in, count, TCC_INT32), bufs, root, NULL, &op)) == TCC_OK, "gather");
+    if (me == root) {
+      bad = 0;
+      for (int j = 0; j < n; j++)
+        for (size_t i = 0; i < count; i++) bad += all[(size_t)j * count + i] != (int32_t)(j * 1000003 + (int)i);
+      CHECK(bad == 0, "gather count %zu: %zu wrong", count, bad);
+    }
+
+    /* scatter: root sends block j = j*7 + i */
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < count; i++) all[(size_t)j * count + i] = j * 7 + (int32_t)i;
+    CHECK(RUN(tcc_scatter(comm, bufs, host_buf(in, count, TCC_INT32), root, NULL, &op)) == TCC_OK, "scatter");
+    bad = 0;
+    for (size_t i = 0; i < count; i++) bad += in[i] != me * 7 + (int32_t)i;
+    CHECK(bad == 0, "scatter count %zu: %zu wrong", count, bad);
+
+    /* reduce_scatter: block j of rank r = r + j + i; rank me gets sum_r (r + me + i) */
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < count; i++) all[(size_t)j * count + i] = me + j + (int32_t)i;
+    CHECK(RUN(tcc_reduce_scatter(comm, bufs, host_buf(in, count, TCC_INT32), TCC_SUM, NULL, &op)) == TCC_OK,
+          "reduce_scatter");
+    bad = 0;
+    for (size_t i = 0; i < count; i++) bad += in[i] != n * (n - 1) / 2 + n * (me + (int32_t)i);
+    CHECK(bad == 0, "reduce_scatter count %zu: %zu wrong", count, bad);
+    free(in);
+    free(all);
+  }
+}
+
+static size_t a2a_count(int from, int to, int salt) { return (size_t)((from + 2 * to + salt) % 3) * (size_t)(salt ? 70001 : 3); }
+
+static void test_alltoall(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  for (int salt = 0; salt < 2; salt++) {
+    tcc_buf_t sends[8], recvs[8];
+    for (int k = 0; k < n; k++) {
+      size_t sc = a2a_count(me, k, salt), rc = a2a_count(k, me, salt);
+      int16_t *s = malloc(sc * 2 + 2), *r = malloc(rc * 2 + 2);
+      for (size_t i = 0; i < sc; i++) s[i] = (int16_t)(me * 100 + k * 10 + (int)(i % 7));
+      sends[k] = host_buf(s, sc, TCC_INT16);
+      recvs[k] = host_buf(r, rc, TCC_INT16);
+    }
+    tcc_op_t *op;
+    CHECK(RUN(tcc_alltoall(comm, sends, recvs, NULL, &op)) == TCC_OK, "alltoall");
+    size_t bad = 0;
+    for (int j = 0; j < n; j++) {
+      int16_t *r = recvs[j].ptr;
+      for (size_t i = 0; i < recvs[j].count; i++) bad += r[i] != (int16_t)(j * 100 + me * 10 + (int)(i % 7));
+    }
+    CHECK(bad == 0, "alltoall salt %d: %zu wrong", salt, bad);
+    for (int k = 0; k < n; k++) {
+      free(sends[k].ptr);
+      free(recvs[k].ptr);
+    }
+  }
+  tcc_op_t *op;
+  CHECK(RUN(tcc_barrier(comm, NULL, &op)) == TCC_OK, "barrier");
+}
+
+static void test_p2p(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (n < 2) return;
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  const size_t big = 3u << 20; /* larger than a ring: forces streaming */
+  char *a = malloc(big), *b = malloc(big);
+  for (size_t i = 0; i < big; i++) a[i] = (char)(me + i);
+  int small_out[2] = {me, -me}, small_in[2] = {0, 0};
+  tcc_op_t *ops[4] = {NULL, NULL, NULL, NULL};
+  /* Send two tagged messages; receive them in the opposite tag order. */
+  CHECK(tcc_send(comm, host_buf(small_out, 2, TCC_INT32), next, 1, NULL, &ops[0]) == TCC_OK, "send");
+  CHECK(tcc_send(comm, host_buf(a, big, TCC_UINT8), next, 2, NULL, &ops[1]) == TCC_OK, "send big");
+  CHECK(tcc_recv(comm, host_buf(b, big, TCC_UINT8), prev, 2, NULL, &ops[2]) == TCC_OK, "recv big");
+  CHECK(tcc_recv(comm, host_buf(small_in, 2, TCC_INT32), prev, 1, NULL, &ops[3]) == TCC_OK, "recv");
+  for (int i = 0; i < 4; i++) {
+    if (!ops[i]) continue;
+    tcc_result_t r = tcc_op_wait(ops[i], -1);
+    CHECK(r == TCC_OK, "p2p op %d: %s", i, tcc_op_error(ops[i]));
+    tcc_op_release(ops[i]);
+  }
+  CHECK(small_in[0] == prev && small_in[1] == -prev, "small p2p got %d %d", small_in[0], small_in[1]);
+  size_t bad = 0;
+  for (size_t i = 0; i < big; i++) bad += b[i] != (char)(prev + i);
+  CHECK(bad == 0, "big p2p: %zu wrong", bad);
+  free(a);
+  free(b);
+}
+
+static void test_mismatch(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (n < 2) return;
+  float x[12] = {0};
+  tcc_op_t *op;
+  char msg[512];
+  tcc_result_t r = tcc_allreduce(comm, host_buf(x, me == 1 ? 11 : 10, TCC_FLOAT32),
+                                 host_buf(x, me == 1 ? 11 : 10, TCC_FLOAT32), TCC_SUM, NULL, &op);
+  r = wait_op(r, op, msg, sizeof msg);
+  CHECK(r == TCC_ERR_MISMATCH, "mismatch gave %s", tcc_result_string(r));
+  CHECK(strstr(msg, "allreduce") && strstr(msg, "rank 1"), "mismatch message: %s", msg);
+  /* The communicator stays usable. */
+  for (int i = 0; i < 12; i++) x[i] = 1;
+  CHECK(RUN(tcc_allreduce(comm, host_buf(x, 12, TCC_FLOAT32), host_buf(x, 12, TCC_FLOAT32), TCC_SUM, NULL, &op)) ==
+            TCC_OK, "allreduce after mismatch");
+  CHECK(x[11] == (float)n, "allreduce after mismatch gave %f", x[11]);
+  /* Invalid local arguments fail before anything is sent. */
+  r = tcc_broadcast(comm, host_buf(x, 1, TCC_FLOAT32), n, NULL, &op);
+  CHECK(r == TCC_ERR_INVALID && strstr(tcc_comm_last_error(comm), "root"), "bad root: %s", tcc_comm_last_error(comm));
+  r = tcc_allreduce(comm, host_buf(x, 1, TCC_FLOAT32), host_buf(x, 1, TCC_FLOAT32), TCC_BXOR, NULL, &op);
+  CHECK(r == TCC_ERR_UNSUPPORTED, "bxor on float: %s", tcc_result_string(r));
+}
+
+static void all_tests(tcc_comm_t *comm) {
+  test_allreduce(comm);
+  test_reduce_and_bcast(comm);
+  test_gathers(comm);
+  test_alltoall(comm);
+  test_p2p(comm);
+  test_mismatch(comm);
+}
+
+/* Rank 1 never joins the allreduce: rank 0 must time out naming it. */
+static void timeout_test(tcc_comm_t *comm) {
+  if (tcc_comm_rank(comm) == 1) {
+    usleep(1500 * 1000);
+    return;
+  }
+  float x = 1;
+  tcc_op_t *op;
+  char msg[512];
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  tcc_result_t r = tcc_allreduce(comm, host_buf(&x, 1, TCC_FLOAT32), host_buf(&x, 1, TCC_FLOAT32), TCC_SUM,
+                                 NULL, &op);
+  r = wait_op(r, op, msg, sizeof msg);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  CHECK(r == TCC_ERR_TIMEOUT, "timeout gave %s", tcc_result_string(r));
+  CHECK(strstr(msg, "allreduce") && strstr(msg, "rank(s) 1") && strstr(msg, "timeout-group"), "message: %s", msg);
+  CHECK(secs > 0.4 && secs < 5, "timed out after %.2f s", secs);
+  CHECK(tcc_comm_status(comm) == TCC_ERR_TIMEOUT, "comm status after timeout");
+}
+
+static int run_group(int n, const char *transport, int64_t timeout_ms, const char *name, rank_fn fn) {
+  rendezvous_t *rv = mmap(NULL, sizeof *rv, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  pid_t pids[8];
+  for (int r = 0; r < n; r++) {
+    pids[r] = fork();
+    if (pids[r] != 0) continue;
+    tcc_endpoint_t *ep;
+    uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
+    char err[512];
+    if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) {
+      fprintf(stderr, "endpoint: %s\n", err);
+      _exit(2);
+    }
+    memcpy(rv->blobs + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, blob, sizeof blob);
+    atomic_fetch_add(&rv->published, 1);
+    while (atomic_load(&rv->published) < n) usleep(1000);
+    tcc_comm_config_t cfg = {r, n, timeout_ms, name,
+                             strcmp(transport, "tcp") == 0 ? TCC_TRANSPORT_TCP : TCC_TRANSPORT_SHM};
+    tcc_comm_t *comm;
+    if (tcc_comm_create(&cfg, ep, rv->blobs, &comm, err, sizeof err) != TCC_OK) {
+      fprintf(stderr, "rank %d create: %s\n", r, err);
+      _exit(2);
+    }
+    CHECK(strcmp(tcc_comm_transport_name(comm), transport) == 0, "transport %s", tcc_comm_transport_name(comm));
+    fn(comm);
+    tcc_comm_destroy(comm);
+    _exit(check_failures ? 1 : 0);
+  }
+  int failed = 0;
+  for (int r = 0; r < n; r++) {
+    int status;
+    waitpid(pids[r], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      failed = 1;
+      if (WIFSIGNALED(status)) fprintf(stderr, "rank %d died of signal %d\n", r, WTERMSIG(status));
+    }
+  }
+  munmap(rv, sizeof *rv);
+  return failed;
+}
+
+int main(int argc, char **argv) {
+  const char *transports[] = {"shm", "tcp"};
+  alarm(600); /* a hang fails the test instead of blocking CI */
+  int passed = 0, failed = 0;
+  for (int t = 0; t < 2; t++) {
+    if (argc > 1 && strcmp(argv[1], transports[t]) != 0) continue;
+    for (int n = 1; n <= 4; n++) {
+      int bad = run_group(n, transports[t], 60000, "test-group", all_tests);
+      printf("%s %s n=%d\n", bad ? "FAIL" : "ok  ", transports[t], n);
+      bad ? failed++ : passed++;
+    }
+    int bad = run_group(2, transports[t], 500, "timeout-group", timeout_test);
+    printf("%s %s timeout\n", bad ? "FAIL" : "ok  ", transports[t]);
+    bad ? failed++ : passed++;
+  }
+  printf("test_comm: %d groups passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
