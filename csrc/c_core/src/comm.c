@@ -119,7 +119,7 @@ tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
   pthread_mutex_init(&comm->fail_lock, NULL);
   /* Spinning only pays when every rank has a core to itself. */
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  comm->spin_iters = cfg->size <= cpus ? 4000 : 16;
+  comm->spin_iters = cfg->size <= cpus ? 300 : 16;
 
   tcc_result_t r;
   if (transport == TCC_TRANSPORT_SHM) {

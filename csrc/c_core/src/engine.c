@@ -2,7 +2,7 @@
  * engine.c - executes a communicator's ops.
  *
  * Collectives: a FIFO queue executed strictly in issue order by whoever
- * holds the `runner` lock: the collective thread, or a thread blocked in
+ * holds the runner claim: the collective thread, or a thread blocked in
  * tcc_op_wait() on a queued op. Letting the waiter run its own op saves two
  * thread hand-offs per synchronous collective, which dominates small-message
  * latency when ranks outnumber cores.
@@ -60,7 +60,7 @@ struct tcc_engine {
   tcc_op_t *p2p_new_head, *p2p_new_tail;
   int stopping;
   int p2p_idle; /* p2p thread sleeping on p2p_cv */
-  pthread_mutex_t runner;
+  int runner_busy; /* a thread is running the collective queue */
   pthread_t coll_thread, p2p_thread;
   int coll_started, p2p_started;
   peer_state_t *peers;
@@ -112,7 +112,7 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
 }
 
 /* Runs queued collectives in order until the queue is empty, or until
- * `until` has finished. Caller holds e->runner. */
+ * `until` has finished. Caller holds the runner claim. */
 static void run_collective_queue(tcc_comm_t *comm, tcc_op_t *until) {
   tcc_engine_t *e = comm->engine;
   for (;;) {
@@ -131,17 +131,37 @@ static void run_collective_queue(tcc_comm_t *comm, tcc_op_t *until) {
   }
 }
 
+/* Claims the right to run the collective queue; at most one thread holds
+ * it, so ops run one at a time in queue order. */
+static int claim_runner(tcc_engine_t *e) {
+  pthread_mutex_lock(&e->lock);
+  int got = !e->runner_busy;
+  e->runner_busy = 1;
+  pthread_mutex_unlock(&e->lock);
+  return got;
+}
+
+/* Gives the queue back; wakes the collective thread if work is left (a
+ * waiter stops running the queue once its own op is done). */
+static void release_runner(tcc_engine_t *e) {
+  pthread_mutex_lock(&e->lock);
+  e->runner_busy = 0;
+  if (e->coll_head || e->stopping) pthread_cond_signal(&e->coll_cv);
+  pthread_mutex_unlock(&e->lock);
+}
+
 static void *collective_thread_main(void *arg) {
   tcc_comm_t *comm = arg;
   tcc_engine_t *e = comm->engine;
   pthread_mutex_lock(&e->lock);
   for (;;) {
-    while (!e->coll_head && !e->stopping) pthread_cond_wait(&e->coll_cv, &e->lock);
-    if (!e->coll_head && e->stopping) break;
+    while (!(e->coll_head && !e->runner_busy) && !(e->stopping && !e->coll_head))
+      pthread_cond_wait(&e->coll_cv, &e->lock);
+    if (!e->coll_head) break; /* stopping, nothing left */
+    e->runner_busy = 1;
     pthread_mutex_unlock(&e->lock);
-    pthread_mutex_lock(&e->runner);
     run_collective_queue(comm, NULL);
-    pthread_mutex_unlock(&e->runner);
+    release_runner(e);
     pthread_mutex_lock(&e->lock);
   }
   pthread_mutex_unlock(&e->lock);
@@ -496,7 +516,6 @@ tcc_result_t tcc_engine_start(tcc_comm_t *comm, tcc_err_t *err) {
     return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   }
   pthread_mutex_init(&e->lock, NULL);
-  pthread_mutex_init(&e->runner, NULL);
   pthread_cond_init(&e->coll_cv, NULL);
   pthread_cond_init(&e->p2p_cv, NULL);
   comm->engine = e;
@@ -558,7 +577,6 @@ void tcc_engine_stop(tcc_comm_t *comm) {
   if (e->p2p_started) pthread_join(e->p2p_thread, NULL);
   free_unexpected(e, comm->size);
   pthread_mutex_destroy(&e->lock);
-  pthread_mutex_destroy(&e->runner);
   pthread_cond_destroy(&e->coll_cv);
   pthread_cond_destroy(&e->p2p_cv);
   free(e->peers);
@@ -582,10 +600,9 @@ tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms) {
   if (atomic_load(&op->finished)) return op->result;
   tcc_comm_t *comm = op->comm;
   /* Run the queue ourselves when nobody else is: see the file comment. */
-  if (op->kind == TCC_OP_COLL && comm->engine &&
-      pthread_mutex_trylock(&comm->engine->runner) == 0) {
+  if (op->kind == TCC_OP_COLL && comm->engine && claim_runner(comm->engine)) {
     run_collective_queue(comm, op);
-    pthread_mutex_unlock(&comm->engine->runner);
+    release_runner(comm->engine);
   }
   int64_t deadline = timeout_ms < 0 ? INT64_MAX : tcc_now_ns() + timeout_ms * 1000000LL;
   for (int i = 0; i < comm->spin_iters; i++) {

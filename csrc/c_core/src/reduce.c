@@ -2,21 +2,25 @@
  * reduce.c - elementwise reductions of n sources: every dtype x every op.
  *
  * Determinism: sources are folded strictly in index order and every
- * element uses the same scalar formula whatever the ISA, so every rank that
- * runs the same call gets the same bits. Nothing is reassociated and no
- * FMA contraction can happen (the AVX2 variants do not enable FMA, and the
- * build uses -std=c11, which implies -ffp-contract=off).
+ * element goes through the same scalar formula whatever the ISA, so every
+ * rank that runs the same call gets the same bits. Nothing is reassociated
+ * and nothing is contracted into an FMA (the AVX2 variants do not enable
+ * FMA, and -std=c11 implies -ffp-contract=off). The FPU is assumed to be in
+ * its default round-to-nearest-even mode.
  *
- * Speed: work proceeds in blocks of REDUCE_BLOCK elements. Each block is
- * folded into a local accumulator array and stored at the end, so dst may
- * be one of the sources while the inner loops still see non-aliasing
- * pointers and vectorize. Full blocks have a compile-time trip count,
- * which GCC's -O2 ("very cheap") vectorizer requires.
+ * Speed: work proceeds in blocks of REDUCE_BLOCK elements; full blocks have
+ * a compile-time trip count, which GCC's -O2 ("very cheap") vectorizer
+ * needs. One and two sources go straight from the sources to dst; more
+ * sources fold into a local accumulator block first. Writing dst while
+ * reading the sources is safe because dst is either disjoint from every
+ * source or exactly one of them, and element i only reads element i: there
+ * is no loop-carried dependence, which NO_LOOP_CARRIED_DEPS tells the
+ * vectorizer so that it does not give up over possible aliasing.
  *
- * ISA dispatch: every kernel is compiled twice, once for the baseline ISA
- * and once for AVX2 (+F16C for float16 conversions); the choice is made
- * once from cpuid. TCCOMM_REDUCE_ISA=generic forces the baseline kernels
- * (for tests and for debugging).
+ * ISA dispatch: every kernel is compiled twice, for the baseline ISA and
+ * for AVX2 (+F16C for float16 conversions), and the choice is made once
+ * from cpuid. Both produce identical bits. TCCOMM_REDUCE_ISA=generic
+ * forces the baseline kernels (tests use it to check both).
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -36,12 +40,22 @@
 #define TARGET_AVX2 __attribute__((target("avx2,f16c")))
 #define TARGET_GENERIC /* baseline ISA */
 
+#if defined(__clang__)
+#define NO_LOOP_CARRIED_DEPS _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define NO_LOOP_CARRIED_DEPS _Pragma("GCC ivdep")
+#else
+#define NO_LOOP_CARRIED_DEPS
+#endif
+
 typedef void (*reduce_kernel_fn)(void *dst, const void *const *srcs, int nsrc, size_t count,
                                  tcc_redop_t op, double premul);
 
-/* ---- float16 / bfloat16 <-> float32, portable -------------------------- */
-/* These match the x86 F16C instructions bit for bit (NaNs included: quieted,
- * sign and top payload bits kept), so both kernel variants agree. */
+/* ---- float16 / bfloat16 <-> float32, portable ------------------------- */
+/* Branch-free (selects through bit masks, so that GCC's if-conversion has
+ * nothing to give up on) and therefore vectorizable. They match the x86
+ * F16C instructions bit for bit, NaNs included (made quiet, sign and top
+ * payload bits kept), so the generic and the F16C kernels agree. */
 
 ALWAYS_INLINE uint32_t float_bits(float f) {
   uint32_t u;
@@ -55,18 +69,24 @@ ALWAYS_INLINE float bits_float(uint32_t u) {
   return f;
 }
 
+/* All ones when cond holds, else zero. */
+ALWAYS_INLINE uint32_t mask_if(int cond) { return 0u - (uint32_t)cond; }
+
+ALWAYS_INLINE uint32_t select_bits(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
+  return (if_set & mask) | (if_clear & ~mask);
+}
+
 ALWAYS_INLINE float f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t exponent = (h >> 10) & 0x1Fu;
-  uint32_t mantissa = h & 0x3FFu;
-  if (exponent == 0x1F) /* Inf, or NaN made quiet */
-    return bits_float(sign | 0x7F800000u | (mantissa << 13) | (mantissa ? 0x00400000u : 0));
-  if (exponent == 0) {
-    /* Zero or subnormal: mantissa * 2^-24 is exact and a normal float32. */
-    float magnitude = (float)mantissa * 0x1p-24f;
-    return bits_float(sign | float_bits(magnitude));
-  }
-  return bits_float(sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13));
+  int32_t magnitude = h & 0x7FFF;
+  uint32_t shifted = (uint32_t)magnitude << 13;
+  uint32_t normal = shifted + ((127u - 15u) << 23); /* rebias the exponent */
+  uint32_t inf_or_nan = shifted | 0x7F800000u | (mask_if(magnitude > 0x7C00) & 0x00400000u);
+  /* Subnormal: mantissa * 2^-24 is exact and a normal float32. */
+  uint32_t subnormal = float_bits((float)magnitude * 0x1p-24f);
+  uint32_t bits = select_bits(mask_if(magnitude >= 0x7C00), inf_or_nan,
+                              select_bits(mask_if(magnitude < 0x0400), subnormal, normal));
+  return bits_float(sign | bits);
 }
 
 /* Round to nearest, ties to even. */
@@ -74,304 +94,367 @@ ALWAYS_INLINE uint16_t f32_to_f16(float f) {
   uint32_t x = float_bits(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t magnitude = x & 0x7FFFFFFFu;
-  if (magnitude > 0x7F800000u) /* NaN: keep the top payload bits, make it quiet */
-    return (uint16_t)(sign | 0x7E00u | ((magnitude >> 13) & 0x3FFu));
-  if (magnitude >= 0x477FF000u) /* >= 65520: rounds past the largest half, 65504 */
-    return (uint16_t)(sign | 0x7C00u);
-  if (magnitude >= 0x38800000u) { /* >= 2^-14: a normal half */
-    uint32_t rounded = magnitude + 0xFFFu + ((magnitude >> 13) & 1u);
-    /* A carry out of the mantissa correctly bumps the exponent. */
-    return (uint16_t)(sign | ((rounded >> 13) - ((127u - 15u) << 10)));
-  }
-  if (magnitude < 0x33000000u) /* <= 2^-25 (ties to the even zero) */
-    return (uint16_t)sign;
-  /* Subnormal half: the value in units of 2^-24, rounded. */
-  uint32_t exponent = magnitude >> 23;            /* 102 .. 112 */
-  uint32_t significand = (magnitude & 0x7FFFFFu) | 0x800000u;
-  uint32_t shift = 126u - exponent;               /* 14 .. 24 */
-  uint32_t quotient = significand >> shift;
-  uint32_t remainder = significand & ((1u << shift) - 1u);
-  uint32_t half = 1u << (shift - 1u);
-  if (remainder > half || (remainder == half && (quotient & 1u))) quotient++;
-  return (uint16_t)(sign | quotient); /* 0x400 on carry: the smallest normal, correctly */
+  int32_t m = (int32_t)magnitude; /* signed compares vectorize everywhere */
+  uint32_t quiet_nan = 0x7E00u | ((magnitude >> 13) & 0x3FFu);
+  /* A carry out of the mantissa correctly bumps the exponent. */
+  uint32_t normal =
+      ((magnitude + 0xFFFu + ((magnitude >> 13) & 1u)) >> 13) - ((127u - 15u) << 10);
+  /* Below 2^-14, adding 0.5 leaves a float whose last mantissa bit is worth
+   * 2^-24, the half subnormal step: the FPU rounds to nearest-even for us,
+   * and a carry to 0x400 is the smallest normal half, as it should be. */
+  uint32_t subnormal = float_bits(bits_float(magnitude) + 0.5f) - 0x3F000000u;
+  uint32_t bits =
+      select_bits(mask_if(m > 0x7F800000), quiet_nan,
+                  select_bits(mask_if(m >= 0x477FF000), 0x7C00u, /* >= 65520: past 65504 */
+                              select_bits(mask_if(m >= 0x38800000), normal, subnormal)));
+  return (uint16_t)(sign | bits);
 }
 
 ALWAYS_INLINE float bf16_to_f32(uint16_t b) { return bits_float((uint32_t)b << 16); }
 
+/* Round to nearest, ties to even; a NaN gets no rounding increment (which
+ * could carry it into Inf) and its quiet bit set. */
 ALWAYS_INLINE uint16_t f32_to_bf16(float f) {
   uint32_t x = float_bits(f);
-  uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
-  uint32_t quiet_nan = (x >> 16) | 0x0040u;
-  return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+  uint32_t is_nan = mask_if((int32_t)(x & 0x7FFFFFFFu) > 0x7F800000);
+  uint32_t increment = ~is_nan & (0x7FFFu + ((x >> 16) & 1u));
+  return (uint16_t)(((x | (is_nan & 0x00400000u)) + increment) >> 16);
 }
 
-/* ---- block loaders / storers --------------------------------------------- */
-/* A loader returns a pointer to n accumulation-type values of one source:
- * the source itself when no conversion is needed, else `scratch`. */
+/* ---- per-element operations ---------------------------------------------- */
+/* first(x): the first source's contribution; combine(acc, x): fold in the
+ * next source; finish(acc): the final value. `op` is a compile-time
+ * constant wherever these are inlined, so the switches disappear. */
 
-ALWAYS_INLINE const float *load_f32(float *restrict scratch, const float *restrict src,
-                                    size_t n) {
-  (void)scratch;
-  (void)n;
-  return src;
+#define IDENTITY(x) (x)
+
+/* Floats. MIN/MAX propagate NaN like torch.amin/amax: a NaN source
+ * replaces acc, and a NaN acc is never replaced by a number. */
+#define DEFINE_FLOAT_OPS(K, ACC)                                                  \
+  ALWAYS_INLINE ACC first_##K(ACC x, tcc_redop_t op, ACC premul) {                \
+    return op == TCC_PREMUL_SUM ? x * premul : x;                                 \
+  }                                                                               \
+  ALWAYS_INLINE ACC combine_##K(ACC acc, ACC x, tcc_redop_t op, ACC premul) {     \
+    switch (op) {                                                                 \
+      case TCC_PREMUL_SUM: return acc + x * premul;                               \
+      case TCC_PRODUCT: return acc * x;                                           \
+      case TCC_MIN: return (x < acc || x != x) ? x : acc;                         \
+      case TCC_MAX: return (x > acc || x != x) ? x : acc;                         \
+      default: return acc + x; /* SUM, AVG */                                     \
+    }                                                                             \
+  }                                                                               \
+  ALWAYS_INLINE ACC finish_##K(ACC acc, tcc_redop_t op, int nsrc) {               \
+    return op == TCC_AVG ? acc / (ACC)nsrc : acc;                                 \
+  }
+
+DEFINE_FLOAT_OPS(f32, float)
+DEFINE_FLOAT_OPS(f64, double)
+
+/* Integers. SUM and PRODUCT wrap (two's complement) by computing in an
+ * unsigned type at least as wide as int: its overflow is defined and it is
+ * not promoted to signed int. Converting back to T truncates (GCC defines
+ * this as modular). AVG is C's truncating division of the wrapped sum;
+ * dividing by nsrc >= 1 cannot overflow, even for the most negative T. */
+#define DEFINE_INT_OPS(K, T, WIDE_UNSIGNED)                                       \
+  ALWAYS_INLINE T first_##K(T x, tcc_redop_t op, int unused) {                    \
+    (void)op;                                                                     \
+    (void)unused;                                                                 \
+    return x;                                                                     \
+  }                                                                               \
+  ALWAYS_INLINE T combine_##K(T acc, T x, tcc_redop_t op, int unused) {           \
+    (void)unused;                                                                 \
+    switch (op) {                                                                 \
+      case TCC_PRODUCT: return (T)((WIDE_UNSIGNED)acc * (WIDE_UNSIGNED)x);        \
+      case TCC_MIN: return x < acc ? x : acc;                                     \
+      case TCC_MAX: return x > acc ? x : acc;                                     \
+      case TCC_BAND: return (T)(acc & x);                                         \
+      case TCC_BOR: return (T)(acc | x);                                          \
+      case TCC_BXOR: return (T)(acc ^ x);                                         \
+      default: return (T)((WIDE_UNSIGNED)acc + (WIDE_UNSIGNED)x); /* SUM, AVG */  \
+    }                                                                             \
+  }                                                                               \
+  ALWAYS_INLINE T finish_##K(T acc, tcc_redop_t op, int nsrc) {                   \
+    return op == TCC_AVG ? (T)(acc / nsrc) : acc;                                 \
+  }
+
+DEFINE_INT_OPS(i8, int8_t, unsigned)
+DEFINE_INT_OPS(i16, int16_t, unsigned)
+DEFINE_INT_OPS(i32, int32_t, uint32_t)
+DEFINE_INT_OPS(i64, int64_t, uint64_t)
+DEFINE_INT_OPS(u8, uint8_t, unsigned)
+
+/* bool: bytes read as false (0) / true (anything else), written as 0/1.
+ * SUM, MAX and BOR are OR; PRODUCT, MIN and BAND are AND (torch's NCCL
+ * semantics); the kernel maps them onto BOR and BAND. */
+ALWAYS_INLINE uint8_t to_bool(uint8_t x) { return x != 0; }
+ALWAYS_INLINE uint8_t first_bool(uint8_t x, tcc_redop_t op, int unused) {
+  (void)op;
+  (void)unused;
+  return x;
+}
+ALWAYS_INLINE uint8_t combine_bool(uint8_t acc, uint8_t x, tcc_redop_t op, int unused) {
+  (void)unused;
+  switch (op) {
+    case TCC_BAND: return acc & x;
+    case TCC_BXOR: return acc ^ x;
+    default: return acc | x; /* BOR */
+  }
+}
+ALWAYS_INLINE uint8_t finish_bool(uint8_t acc, tcc_redop_t op, int nsrc) {
+  (void)op;
+  (void)nsrc;
+  return acc;
 }
 
-ALWAYS_INLINE void store_f32(float *restrict dst, const float *restrict acc, size_t n) {
-  memcpy(dst, acc, n * sizeof *dst);
-}
+/* ---- op dispatch: one instantiation per supported op -------------------------- */
 
-ALWAYS_INLINE const double *load_f64(double *restrict scratch, const double *restrict src,
-                                     size_t n) {
-  (void)scratch;
-  (void)n;
-  return src;
-}
+#define FLOAT_OP_SWITCH(op, RUN, ...)                                \
+  switch (op) {                                                      \
+    case TCC_SUM: RUN(TCC_SUM, __VA_ARGS__); break;                  \
+    case TCC_AVG: RUN(TCC_AVG, __VA_ARGS__); break;                  \
+    case TCC_PREMUL_SUM: RUN(TCC_PREMUL_SUM, __VA_ARGS__); break;    \
+    case TCC_PRODUCT: RUN(TCC_PRODUCT, __VA_ARGS__); break;          \
+    case TCC_MIN: RUN(TCC_MIN, __VA_ARGS__); break;                  \
+    case TCC_MAX: RUN(TCC_MAX, __VA_ARGS__); break;                  \
+    default: break;                                                  \
+  }
 
-ALWAYS_INLINE void store_f64(double *restrict dst, const double *restrict acc, size_t n) {
-  memcpy(dst, acc, n * sizeof *dst);
-}
+#define INT_OP_SWITCH(op, RUN, ...)                                  \
+  switch (op) {                                                      \
+    case TCC_SUM: RUN(TCC_SUM, __VA_ARGS__); break;                  \
+    case TCC_AVG: RUN(TCC_AVG, __VA_ARGS__); break;                  \
+    case TCC_PRODUCT: RUN(TCC_PRODUCT, __VA_ARGS__); break;          \
+    case TCC_MIN: RUN(TCC_MIN, __VA_ARGS__); break;                  \
+    case TCC_MAX: RUN(TCC_MAX, __VA_ARGS__); break;                  \
+    case TCC_BAND: RUN(TCC_BAND, __VA_ARGS__); break;                \
+    case TCC_BOR: RUN(TCC_BOR, __VA_ARGS__); break;                  \
+    case TCC_BXOR: RUN(TCC_BXOR, __VA_ARGS__); break;                \
+    default: break;                                                  \
+  }
 
-ALWAYS_INLINE const float *load_bf16(float *restrict scratch, const uint16_t *restrict src,
-                                     size_t n) {
-  for (size_t i = 0; i < n; i++) scratch[i] = bf16_to_f32(src[i]);
-  return scratch;
-}
+#define BOOL_OP_SWITCH(op, RUN, ...)                                 \
+  switch (op) {                                                      \
+    case TCC_SUM: case TCC_MAX: case TCC_BOR:                        \
+      RUN(TCC_BOR, __VA_ARGS__); break;                              \
+    case TCC_PRODUCT: case TCC_MIN: case TCC_BAND:                   \
+      RUN(TCC_BAND, __VA_ARGS__); break;                             \
+    case TCC_BXOR: RUN(TCC_BXOR, __VA_ARGS__); break;                \
+    default: break;                                                  \
+  }
 
-ALWAYS_INLINE void store_bf16(uint16_t *restrict dst, const float *restrict acc, size_t n) {
-  for (size_t i = 0; i < n; i++) dst[i] = f32_to_bf16(acc[i]);
-}
+/* ---- elementwise kernels ---------------------------------------------------------- */
+/* NAME: the kernel; K: which first/combine/finish; ELEM: stored type; ACC:
+ * accumulation type; PREMUL_T / PREMUL_FROM_DOUBLE: the premul factor in
+ * the accumulation type; TO_ACC / FROM_ACC: per-element conversions. */
 
-ALWAYS_INLINE const float *load_f16(float *restrict scratch, const uint16_t *restrict src,
-                                    size_t n) {
-  for (size_t i = 0; i < n; i++) scratch[i] = f16_to_f32(src[i]);
-  return scratch;
-}
+#define DEFINE_KERNEL(NAME, TARGET, K, ELEM, ACC, PREMUL_T, PREMUL_FROM_DOUBLE, TO_ACC,     \
+                      FROM_ACC, OP_SWITCH)                                                 \
+  TARGET ALWAYS_INLINE void NAME##_block(ELEM *dst, const void *const *srcs, size_t base,  \
+                                         int nsrc, size_t n, tcc_redop_t op,               \
+                                         PREMUL_T premul) {                                \
+    const ELEM *x0 = (const ELEM *)srcs[0] + base;                                         \
+    if (nsrc == 1) {                                                                       \
+      NO_LOOP_CARRIED_DEPS                                                                 \
+      for (size_t i = 0; i < n; i++)                                                       \
+        dst[i] = FROM_ACC(finish_##K(first_##K(TO_ACC(x0[i]), op, premul), op, nsrc));     \
+      return;                                                                              \
+    }                                                                                      \
+    const ELEM *x1 = (const ELEM *)srcs[1] + base;                                         \
+    if (nsrc == 2) {                                                                       \
+      NO_LOOP_CARRIED_DEPS                                                                 \
+      for (size_t i = 0; i < n; i++)                                                       \
+        dst[i] = FROM_ACC(finish_##K(                                                      \
+            combine_##K(first_##K(TO_ACC(x0[i]), op, premul), TO_ACC(x1[i]), op, premul),  \
+            op, nsrc));                                                                    \
+      return;                                                                              \
+    }                                                                                      \
+    ACC acc[REDUCE_BLOCK];                                                                 \
+    for (size_t i = 0; i < n; i++)                                                         \
+      acc[i] = combine_##K(first_##K(TO_ACC(x0[i]), op, premul), TO_ACC(x1[i]), op, premul); \
+    for (int s = 2; s < nsrc - 1; s++) {                                                   \
+      const ELEM *x = (const ELEM *)srcs[s] + base;                                        \
+      for (size_t i = 0; i < n; i++) acc[i] = combine_##K(acc[i], TO_ACC(x[i]), op, premul); \
+    }                                                                                      \
+    const ELEM *x_last = (const ELEM *)srcs[nsrc - 1] + base;                              \
+    NO_LOOP_CARRIED_DEPS                                                                   \
+    for (size_t i = 0; i < n; i++)                                                         \
+      dst[i] = FROM_ACC(finish_##K(combine_##K(acc[i], TO_ACC(x_last[i]), op, premul), op, \
+                                   nsrc));                                                 \
+  }                                                                                        \
+  TARGET ALWAYS_INLINE void NAME##_run(tcc_redop_t op, void *dst, const void *const *srcs, \
+                                       int nsrc, size_t count, PREMUL_T premul) {          \
+    size_t base = 0;                                                                       \
+    for (; base + REDUCE_BLOCK <= count; base += REDUCE_BLOCK)                             \
+      NAME##_block((ELEM *)dst + base, srcs, base, nsrc, REDUCE_BLOCK, op, premul);        \
+    if (base < count)                                                                      \
+      NAME##_block((ELEM *)dst + base, srcs, base, nsrc, count - base, op, premul);        \
+  }                                                                                        \
+  TARGET static void NAME(void *dst, const void *const *srcs, int nsrc, size_t count,      \
+                          tcc_redop_t op, double premul) {                                 \
+    PREMUL_T premul_acc = PREMUL_FROM_DOUBLE(premul);                                      \
+    (void)premul;                                                                          \
+    OP_SWITCH(op, NAME##_run, dst, srcs, nsrc, count, premul_acc)                          \
+  }
 
-ALWAYS_INLINE void store_f16(uint16_t *restrict dst, const float *restrict acc, size_t n) {
-  for (size_t i = 0; i < n; i++) dst[i] = f32_to_f16(acc[i]);
-}
+#define TO_FLOAT(x) ((float)(x))
+#define TO_DOUBLE(x) ((double)(x))
+#define NO_PREMUL(x) 0
+
+/* ---- float16 / bfloat16 with AVX2 intrinsics ------------------------------------------ */
 
 #if REDUCE_HAVE_X86_VARIANTS
-/* F16C converts 8 halves per instruction; the portable code above handles
- * the tail and produces identical bits. */
-TARGET_AVX2 ALWAYS_INLINE const float *load_f16_f16c(float *restrict scratch,
-                                                     const uint16_t *restrict src, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m128i halves = _mm_loadu_si128((const __m128i *)(src + i));
-    _mm256_storeu_ps(scratch + i, _mm256_cvtph_ps(halves));
-  }
-  for (; i < n; i++) scratch[i] = f16_to_f32(src[i]);
-  return scratch;
+/* The 16-bit floats are compute-bound (the conversions cost more than the
+ * memory traffic), so on AVX2 they get register-resident kernels: 16
+ * elements of every source are folded in registers and stored once, with
+ * F16C for float16 and shifts for bfloat16. Each vector step computes
+ * exactly what the scalar first/combine/finish of f32 compute per element
+ * (same IEEE operations, no FMA), and the tail uses those scalar functions,
+ * so results match the generic kernels bit for bit. */
+
+TARGET_AVX2 ALWAYS_INLINE __m256 first_v8(__m256 x, tcc_redop_t op, __m256 premul) {
+  return op == TCC_PREMUL_SUM ? _mm256_mul_ps(x, premul) : x;
 }
 
-TARGET_AVX2 ALWAYS_INLINE void store_f16_f16c(uint16_t *restrict dst,
-                                              const float *restrict acc, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m128i halves = _mm256_cvtps_ph(_mm256_loadu_ps(acc + i),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_storeu_si128((__m128i *)(dst + i), halves);
+TARGET_AVX2 ALWAYS_INLINE __m256 combine_v8(__m256 acc, __m256 x, tcc_redop_t op,
+                                             __m256 premul) {
+  switch (op) {
+    case TCC_PREMUL_SUM: return _mm256_add_ps(acc, _mm256_mul_ps(x, premul));
+    case TCC_PRODUCT: return _mm256_mul_ps(acc, x);
+    case TCC_MIN: /* x < acc || x is NaN ? x : acc */
+      return _mm256_blendv_ps(acc, x, _mm256_or_ps(_mm256_cmp_ps(x, acc, _CMP_LT_OQ),
+                                                   _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    case TCC_MAX:
+      return _mm256_blendv_ps(acc, x, _mm256_or_ps(_mm256_cmp_ps(x, acc, _CMP_GT_OQ),
+                                                   _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    default: return _mm256_add_ps(acc, x); /* SUM, AVG */
   }
-  for (; i < n; i++) dst[i] = f32_to_f16(acc[i]);
 }
+
+TARGET_AVX2 ALWAYS_INLINE __m256 finish_v8(__m256 acc, tcc_redop_t op, __m256 divisor) {
+  return op == TCC_AVG ? _mm256_div_ps(acc, divisor) : acc;
+}
+
+/* 16 float16 values <-> two vectors of 8 floats, in element order. */
+TARGET_AVX2 ALWAYS_INLINE void load16_f16(const uint16_t *src, __m256 *lo, __m256 *hi) {
+  *lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
+  *hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 8)));
+}
+
+TARGET_AVX2 ALWAYS_INLINE void store16_f16(uint16_t *dst, __m256 lo, __m256 hi) {
+  const int round_nearest_even = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  _mm_storeu_si128((__m128i *)dst, _mm256_cvtps_ph(lo, round_nearest_even));
+  _mm_storeu_si128((__m128i *)(dst + 8), _mm256_cvtps_ph(hi, round_nearest_even));
+}
+
+/* 16 bfloat16 values <-> two vectors of 8 floats. Interleaving with zero
+ * words puts each value in the top half of a float (1 instruction per 8);
+ * the lanes come out permuted, [0-3, 8-11] and [4-7, 12-15], which is
+ * harmless because every source is loaded the same way and the saturating
+ * pack in store16_bf16 undoes exactly that permutation. */
+TARGET_AVX2 ALWAYS_INLINE void load16_bf16(const uint16_t *src, __m256 *lo, __m256 *hi) {
+  __m256i words = _mm256_loadu_si256((const __m256i *)src);
+  __m256i zero = _mm256_setzero_si256();
+  *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, words));
+  *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, words));
+}
+
+/* f32_to_bf16 on 8 lanes; the result is in the low half of each lane. */
+TARGET_AVX2 ALWAYS_INLINE __m256i round8_bf16(__m256 v) {
+  __m256i bits = _mm256_castps_si256(v);
+  __m256i upper = _mm256_srli_epi32(bits, 16);
+  __m256i lsb = _mm256_and_si256(upper, _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  __m256i quiet_nan = _mm256_or_si256(upper, _mm256_set1_epi32(0x0040));
+  __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+}
+
+TARGET_AVX2 ALWAYS_INLINE void store16_bf16(uint16_t *dst, __m256 lo, __m256 hi) {
+  /* Values are <= 0xFFFF, so the unsigned saturating pack is exact. */
+  _mm256_storeu_si256((__m256i *)dst, _mm256_packus_epi32(round8_bf16(lo), round8_bf16(hi)));
+}
+
+#define DEFINE_HALF_AVX2_KERNEL(NAME, LOAD16, STORE16, TO_F32, FROM_F32)                      \
+  TARGET_AVX2 ALWAYS_INLINE void NAME##_run(tcc_redop_t op, void *dst_v,                      \
+                                            const void *const *srcs, int nsrc, size_t count,  \
+                                            float premul) {                                   \
+    uint16_t *dst = dst_v;                                                                    \
+    const __m256 premul_v = _mm256_set1_ps(premul);                                           \
+    const __m256 divisor_v = _mm256_set1_ps((float)nsrc);                                     \
+    size_t i = 0;                                                                             \
+    for (; i + 16 <= count; i += 16) {                                                        \
+      __m256 lo, hi, x_lo, x_hi;                                                              \
+      LOAD16((const uint16_t *)srcs[0] + i, &lo, &hi);                                        \
+      lo = first_v8(lo, op, premul_v);                                                        \
+      hi = first_v8(hi, op, premul_v);                                                        \
+      for (int s = 1; s < nsrc; s++) {                                                        \
+        LOAD16((const uint16_t *)srcs[s] + i, &x_lo, &x_hi);                                  \
+        lo = combine_v8(lo, x_lo, op, premul_v);                                              \
+        hi = combine_v8(hi, x_hi, op, premul_v);                                              \
+      }                                                                                       \
+      /* Every source's elements i..i+15 were read above: dst may be one of them. */          \
+      STORE16(dst + i, finish_v8(lo, op, divisor_v), finish_v8(hi, op, divisor_v));           \
+    }                                                                                         \
+    for (; i < count; i++) {                                                                  \
+      float acc = first_f32(TO_F32(((const uint16_t *)srcs[0])[i]), op, premul);              \
+      for (int s = 1; s < nsrc; s++)                                                          \
+        acc = combine_f32(acc, TO_F32(((const uint16_t *)srcs[s])[i]), op, premul);           \
+      dst[i] = FROM_F32(finish_f32(acc, op, nsrc));                                           \
+    }                                                                                         \
+  }                                                                                           \
+  TARGET_AVX2 static void NAME(void *dst, const void *const *srcs, int nsrc, size_t count,    \
+                               tcc_redop_t op, double premul) {                               \
+    float premul_f = (float)premul;                                                           \
+    FLOAT_OP_SWITCH(op, NAME##_run, dst, srcs, nsrc, count, premul_f)                         \
+  }
+
+DEFINE_HALF_AVX2_KERNEL(reduce_f16_f16c, load16_f16, store16_f16, f16_to_f32, f32_to_f16)
+DEFINE_HALF_AVX2_KERNEL(reduce_bf16_avx2, load16_bf16, store16_bf16, bf16_to_f32, f32_to_bf16)
 #endif
 
-/* ---- floating-point folds --------------------------------------------------- */
-/* acc = first source (times premul); then acc = acc op x per further source;
- * then AVG divides. MIN/MAX propagate NaN like torch.amin/amax: a NaN
- * source replaces acc, and a NaN acc is never replaced by a number. */
+/* ---- the kernels, per ISA ----------------------------------------------------------- */
 
-#define DEFINE_FLOAT_FOLDS(ACC)                                                          \
-  ALWAYS_INLINE void fold_first_##ACC(ACC *restrict acc, const ACC *restrict x, size_t n, \
-                                      tcc_redop_t op, ACC premul) {                       \
-    if (op == TCC_PREMUL_SUM) {                                                           \
-      for (size_t i = 0; i < n; i++) acc[i] = x[i] * premul;                              \
-    } else {                                                                              \
-      for (size_t i = 0; i < n; i++) acc[i] = x[i];                                       \
-    }                                                                                     \
-  }                                                                                       \
-  ALWAYS_INLINE void fold_next_##ACC(ACC *restrict acc, const ACC *restrict x, size_t n,  \
-                                     tcc_redop_t op, ACC premul) {                        \
-    switch (op) {                                                                         \
-      case TCC_SUM:                                                                       \
-      case TCC_AVG:                                                                       \
-        for (size_t i = 0; i < n; i++) acc[i] = acc[i] + x[i];                            \
-        break;                                                                            \
-      case TCC_PREMUL_SUM:                                                                \
-        for (size_t i = 0; i < n; i++) acc[i] = acc[i] + x[i] * premul;                   \
-        break;                                                                            \
-      case TCC_PRODUCT:                                                                   \
-        for (size_t i = 0; i < n; i++) acc[i] = acc[i] * x[i];                            \
-        break;                                                                            \
-      case TCC_MIN:                                                                       \
-        for (size_t i = 0; i < n; i++)                                                    \
-          acc[i] = (x[i] < acc[i] || x[i] != x[i]) ? x[i] : acc[i];                       \
-        break;                                                                            \
-      case TCC_MAX:                                                                       \
-        for (size_t i = 0; i < n; i++)                                                    \
-          acc[i] = (x[i] > acc[i] || x[i] != x[i]) ? x[i] : acc[i];                       \
-        break;                                                                            \
-      default: break; /* not a float op: tcc_reduce_n filtered it out */                  \
-    }                                                                                     \
-  }                                                                                       \
-  ALWAYS_INLINE void fold_finish_##ACC(ACC *restrict acc, size_t n, tcc_redop_t op,       \
-                                       int nsrc) {                                        \
-    if (op == TCC_AVG) {                                                                  \
-      const ACC divisor = (ACC)nsrc;                                                      \
-      for (size_t i = 0; i < n; i++) acc[i] = acc[i] / divisor;                           \
-    }                                                                                     \
-  }
+#define DEFINE_COMMON_KERNELS(SUFFIX, TARGET)                                                 \
+  DEFINE_KERNEL(reduce_f32_##SUFFIX, TARGET, f32, float, float, float, TO_FLOAT, IDENTITY,    \
+                IDENTITY, FLOAT_OP_SWITCH)                                                    \
+  DEFINE_KERNEL(reduce_f64_##SUFFIX, TARGET, f64, double, double, double, TO_DOUBLE,          \
+                IDENTITY, IDENTITY, FLOAT_OP_SWITCH)                                          \
+  DEFINE_KERNEL(reduce_i8_##SUFFIX, TARGET, i8, int8_t, int8_t, int, NO_PREMUL, IDENTITY,     \
+                IDENTITY, INT_OP_SWITCH)                                                      \
+  DEFINE_KERNEL(reduce_i16_##SUFFIX, TARGET, i16, int16_t, int16_t, int, NO_PREMUL, IDENTITY, \
+                IDENTITY, INT_OP_SWITCH)                                                      \
+  DEFINE_KERNEL(reduce_i32_##SUFFIX, TARGET, i32, int32_t, int32_t, int, NO_PREMUL, IDENTITY, \
+                IDENTITY, INT_OP_SWITCH)                                                      \
+  DEFINE_KERNEL(reduce_i64_##SUFFIX, TARGET, i64, int64_t, int64_t, int, NO_PREMUL, IDENTITY, \
+                IDENTITY, INT_OP_SWITCH)                                                      \
+  DEFINE_KERNEL(reduce_u8_##SUFFIX, TARGET, u8, uint8_t, uint8_t, int, NO_PREMUL, IDENTITY,   \
+                IDENTITY, INT_OP_SWITCH)                                                      \
+  DEFINE_KERNEL(reduce_bool_##SUFFIX, TARGET, bool, uint8_t, uint8_t, int, NO_PREMUL,         \
+                to_bool, IDENTITY, BOOL_OP_SWITCH)
 
-DEFINE_FLOAT_FOLDS(float)
-DEFINE_FLOAT_FOLDS(double)
-
-/* One kernel per (element type, ISA): ELEM is the stored type, ACC the
- * accumulation type, LOAD/STORE convert a block between them. */
-#define DEFINE_FLOAT_KERNEL(NAME, TARGET, ELEM, ACC, LOAD, STORE)                           \
-  TARGET ALWAYS_INLINE void NAME##_block(ELEM *dst, const void *const *srcs, size_t base,   \
-                                         int nsrc, size_t n, tcc_redop_t op, ACC premul) {  \
-    ACC acc[REDUCE_BLOCK];                                                                  \
-    ACC scratch[REDUCE_BLOCK];                                                              \
-    fold_first_##ACC(acc, LOAD(scratch, (const ELEM *)srcs[0] + base, n), n, op, premul);   \
-    for (int s = 1; s < nsrc; s++)                                                          \
-      fold_next_##ACC(acc, LOAD(scratch, (const ELEM *)srcs[s] + base, n), n, op, premul);  \
-    fold_finish_##ACC(acc, n, op, nsrc);                                                    \
-    STORE(dst, acc, n);                                                                     \
-  }                                                                                         \
-  TARGET static void NAME(void *dst, const void *const *srcs, int nsrc, size_t count,       \
-                          tcc_redop_t op, double premul) {                                  \
-    const ACC premul_acc = (ACC)premul;                                                     \
-    size_t base = 0;                                                                        \
-    /* Constant trip count for full blocks, so the inner loops vectorize. */                \
-    for (; base + REDUCE_BLOCK <= count; base += REDUCE_BLOCK)                              \
-      NAME##_block((ELEM *)dst + base, srcs, base, nsrc, REDUCE_BLOCK, op, premul_acc);     \
-    if (base < count)                                                                       \
-      NAME##_block((ELEM *)dst + base, srcs, base, nsrc, count - base, op, premul_acc);     \
-  }
-
-/* ---- integer folds ------------------------------------------------------------ */
-/* SUM and PRODUCT wrap (two's complement) by computing in an unsigned type
- * at least as wide as int, which has defined overflow and is not promoted
- * to signed int; converting back to T truncates (GCC defines this as
- * modular). AVG is C's truncating division of the wrapped sum. */
-
-#define DEFINE_INT_KERNEL(NAME, TARGET, T, WIDE_UNSIGNED)                                     \
-  TARGET ALWAYS_INLINE void NAME##_block(T *dst, const void *const *srcs, size_t base,        \
-                                         int nsrc, size_t n, tcc_redop_t op) {                \
-    T acc[REDUCE_BLOCK];                                                                      \
-    memcpy(acc, (const T *)srcs[0] + base, n * sizeof(T));                                    \
-    for (int s = 1; s < nsrc; s++) {                                                          \
-      const T *restrict x = (const T *)srcs[s] + base;                                        \
-      switch (op) {                                                                           \
-        case TCC_SUM:                                                                         \
-        case TCC_AVG:                                                                         \
-          for (size_t i = 0; i < n; i++)                                                      \
-            acc[i] = (T)((WIDE_UNSIGNED)acc[i] + (WIDE_UNSIGNED)x[i]);                        \
-          break;                                                                              \
-        case TCC_PRODUCT:                                                                     \
-          for (size_t i = 0; i < n; i++)                                                      \
-            acc[i] = (T)((WIDE_UNSIGNED)acc[i] * (WIDE_UNSIGNED)x[i]);                        \
-          break;                                                                              \
-        case TCC_MIN:                                                                         \
-          for (size_t i = 0; i < n; i++) acc[i] = x[i] < acc[i] ? x[i] : acc[i];              \
-          break;                                                                              \
-        case TCC_MAX:                                                                         \
-          for (size_t i = 0; i < n; i++) acc[i] = x[i] > acc[i] ? x[i] : acc[i];              \
-          break;                                                                              \
-        case TCC_BAND:                                                                        \
-          for (size_t i = 0; i < n; i++) acc[i] = (T)(acc[i] & x[i]);                         \
-          break;                                                                              \
-        case TCC_BOR:                                                                         \
-          for (size_t i = 0; i < n; i++) acc[i] = (T)(acc[i] | x[i]);                         \
-          break;                                                                              \
-        case TCC_BXOR:                                                                        \
-          for (size_t i = 0; i < n; i++) acc[i] = (T)(acc[i] ^ x[i]);                         \
-          break;                                                                              \
-        default: break;                                                                       \
-      }                                                                                       \
-    }                                                                                         \
-    if (op == TCC_AVG) {                                                                      \
-      /* Division by nsrc >= 1 cannot overflow, even for the most negative T. */              \
-      for (size_t i = 0; i < n; i++) acc[i] = (T)(acc[i] / nsrc);                             \
-    }                                                                                         \
-    memcpy(dst, acc, n * sizeof(T));                                                          \
-  }                                                                                           \
-  TARGET static void NAME(void *dst, const void *const *srcs, int nsrc, size_t count,         \
-                          tcc_redop_t op, double premul) {                                    \
-    (void)premul;                                                                             \
-    size_t base = 0;                                                                          \
-    for (; base + REDUCE_BLOCK <= count; base += REDUCE_BLOCK)                                \
-      NAME##_block((T *)dst + base, srcs, base, nsrc, REDUCE_BLOCK, op);                      \
-    if (base < count) NAME##_block((T *)dst + base, srcs, base, nsrc, count - base, op);      \
-  }
-
-/* bool: bytes are read as false (0) / true (anything else) and written as
- * 0/1. SUM and MAX are OR, PRODUCT and MIN are AND (torch's NCCL semantics). */
-#define DEFINE_BOOL_KERNEL(NAME, TARGET)                                                      \
-  TARGET ALWAYS_INLINE void NAME##_block(uint8_t *dst, const void *const *srcs, size_t base,  \
-                                         int nsrc, size_t n, tcc_redop_t op) {                \
-    uint8_t acc[REDUCE_BLOCK];                                                                \
-    const uint8_t *restrict first = (const uint8_t *)srcs[0] + base;                          \
-    for (size_t i = 0; i < n; i++) acc[i] = first[i] != 0;                                    \
-    for (int s = 1; s < nsrc; s++) {                                                          \
-      const uint8_t *restrict x = (const uint8_t *)srcs[s] + base;                            \
-      switch (op) {                                                                           \
-        case TCC_SUM:                                                                         \
-        case TCC_MAX:                                                                         \
-        case TCC_BOR:                                                                         \
-          for (size_t i = 0; i < n; i++) acc[i] = acc[i] | (x[i] != 0);                       \
-          break;                                                                              \
-        case TCC_PRODUCT:                                                                     \
-        case TCC_MIN:                                                                         \
-        case TCC_BAND:                                                                        \
-          for (size_t i = 0; i < n; i++) acc[i] = acc[i] & (x[i] != 0);                       \
-          break;                                                                              \
-        case TCC_BXOR:                                                                        \
-          for (size_t i = 0; i < n; i++) acc[i] = acc[i] ^ (x[i] != 0);                       \
-          break;                                                                              \
-        default: break;                                                                       \
-      }                                                                                       \
-    }                                                                                         \
-    memcpy(dst, acc, n);                                                                      \
-  }                                                                                           \
-  TARGET static void NAME(void *dst, const void *const *srcs, int nsrc, size_t count,         \
-                          tcc_redop_t op, double premul) {                                    \
-    (void)premul;                                                                             \
-    size_t base = 0;                                                                          \
-    for (; base + REDUCE_BLOCK <= count; base += REDUCE_BLOCK)                                \
-      NAME##_block((uint8_t *)dst + base, srcs, base, nsrc, REDUCE_BLOCK, op);                \
-    if (base < count) NAME##_block((uint8_t *)dst + base, srcs, base, nsrc, count - base, op);\
-  }
-
-/* ---- the kernels, per ISA ------------------------------------------------------- */
-
-#define DEFINE_ALL_KERNELS(SUFFIX, TARGET, LOAD_F16, STORE_F16)                         \
-  DEFINE_FLOAT_KERNEL(reduce_f32_##SUFFIX, TARGET, float, float, load_f32, store_f32)   \
-  DEFINE_FLOAT_KERNEL(reduce_f64_##SUFFIX, TARGET, double, double, load_f64, store_f64) \
-  DEFINE_FLOAT_KERNEL(reduce_f16_##SUFFIX, TARGET, uint16_t, float, LOAD_F16, STORE_F16) \
-  DEFINE_FLOAT_KERNEL(reduce_bf16_##SUFFIX, TARGET, uint16_t, float, load_bf16,         \
-                      store_bf16)                                                       \
-  DEFINE_INT_KERNEL(reduce_i8_##SUFFIX, TARGET, int8_t, unsigned)                       \
-  DEFINE_INT_KERNEL(reduce_i16_##SUFFIX, TARGET, int16_t, unsigned)                     \
-  DEFINE_INT_KERNEL(reduce_i32_##SUFFIX, TARGET, int32_t, uint32_t)                     \
-  DEFINE_INT_KERNEL(reduce_i64_##SUFFIX, TARGET, int64_t, uint64_t)                     \
-  DEFINE_INT_KERNEL(reduce_u8_##SUFFIX, TARGET, uint8_t, unsigned)                      \
-  DEFINE_BOOL_KERNEL(reduce_bool_##SUFFIX, TARGET)                                      \
-  static const reduce_kernel_fn kernels_##SUFFIX[TCC_DTYPE_COUNT] = {                   \
-      [TCC_FLOAT32] = reduce_f32_##SUFFIX,  [TCC_FLOAT64] = reduce_f64_##SUFFIX,         \
-      [TCC_FLOAT16] = reduce_f16_##SUFFIX,  [TCC_BFLOAT16] = reduce_bf16_##SUFFIX,       \
-      [TCC_INT8] = reduce_i8_##SUFFIX,      [TCC_INT16] = reduce_i16_##SUFFIX,           \
-      [TCC_INT32] = reduce_i32_##SUFFIX,    [TCC_INT64] = reduce_i64_##SUFFIX,           \
-      [TCC_UINT8] = reduce_u8_##SUFFIX,     [TCC_BOOL] = reduce_bool_##SUFFIX,           \
+#define KERNEL_TABLE(SUFFIX, F16_KERNEL, BF16_KERNEL)                             \
+  static const reduce_kernel_fn kernels_##SUFFIX[TCC_DTYPE_COUNT] = {             \
+      [TCC_FLOAT32] = reduce_f32_##SUFFIX, [TCC_FLOAT64] = reduce_f64_##SUFFIX,   \
+      [TCC_FLOAT16] = F16_KERNEL,          [TCC_BFLOAT16] = BF16_KERNEL,          \
+      [TCC_INT8] = reduce_i8_##SUFFIX,     [TCC_INT16] = reduce_i16_##SUFFIX,     \
+      [TCC_INT32] = reduce_i32_##SUFFIX,   [TCC_INT64] = reduce_i64_##SUFFIX,     \
+      [TCC_UINT8] = reduce_u8_##SUFFIX,    [TCC_BOOL] = reduce_bool_##SUFFIX,     \
   };
 
-DEFINE_ALL_KERNELS(generic, TARGET_GENERIC, load_f16, store_f16)
+DEFINE_COMMON_KERNELS(generic, TARGET_GENERIC)
+DEFINE_KERNEL(reduce_f16_generic, TARGET_GENERIC, f32, uint16_t, float, float, TO_FLOAT,
+              f16_to_f32, f32_to_f16, FLOAT_OP_SWITCH)
+DEFINE_KERNEL(reduce_bf16_generic, TARGET_GENERIC, f32, uint16_t, float, float, TO_FLOAT,
+              bf16_to_f32, f32_to_bf16, FLOAT_OP_SWITCH)
+KERNEL_TABLE(generic, reduce_f16_generic, reduce_bf16_generic)
+
 #if REDUCE_HAVE_X86_VARIANTS
-DEFINE_ALL_KERNELS(avx2, TARGET_AVX2, load_f16_f16c, store_f16_f16c)
+DEFINE_COMMON_KERNELS(avx2, TARGET_AVX2)
+KERNEL_TABLE(avx2, reduce_f16_f16c, reduce_bf16_avx2)
 #endif
 
-/* ---- dispatch ----------------------------------------------------------------------- */
+/* ---- dispatch ------------------------------------------------------------------------ */
 
 static const reduce_kernel_fn *choose_kernels(void) {
   const char *forced = getenv("TCCOMM_REDUCE_ISA");
@@ -389,7 +472,7 @@ static _Atomic(const reduce_kernel_fn *) active_kernels;
 void tcc_reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count,
                   tcc_dtype_t dtype, tcc_redop_t op, double premul) {
   if (count == 0 || nsrc <= 0) return;
-  /* The caller checked this; re-checking keeps a bad enum from indexing
+  /* The caller checked this; checking again keeps a bad enum from indexing
    * past the table. It costs a few compares per call, not per element. */
   if (tcc_redop_supported(dtype, op) != TCC_OK) return;
   const reduce_kernel_fn *kernels = atomic_load_explicit(&active_kernels, memory_order_acquire);

@@ -129,6 +129,25 @@ static bool overlap(const void *a, size_t alen, const void *b, size_t blen) {
   return x < y + blen && y < x + alen;
 }
 
+/* Whether the address range spanned by all inputs meets the one spanned
+ * by the outputs peers write; if not, no input can overlap an output. */
+static bool alltoall_spans_meet(const tcc_coll_t *c, int n, int me, size_t es) {
+  uintptr_t in_lo = UINTPTR_MAX, in_hi = 0, out_lo = UINTPTR_MAX, out_hi = 0;
+  for (int j = 0; j < n; j++) {
+    size_t in_len = c->send_counts[j] * es, out_len = c->recv_counts[j] * es;
+    uintptr_t in = (uintptr_t)c->sends[j], out = (uintptr_t)c->recvs[j];
+    if (in && in_len) {
+      if (in < in_lo) in_lo = in;
+      if (in + in_len > in_hi) in_hi = in + in_len;
+    }
+    if (j != me && out && out_len) {
+      if (out < out_lo) out_lo = out;
+      if (out + out_len > out_hi) out_hi = out + out_len;
+    }
+  }
+  return in_lo < out_hi && out_lo < in_hi;
+}
+
 /* True when data arriving from peers (or a reduced chunk) could land on
  * input this rank still has to send. Exact in-place use (send == recv
  * for allreduce/reduce, recv == sends[me] for reduce-scatter) is safe by
@@ -154,6 +173,7 @@ static bool inputs_need_copy(const tcc_coll_t *c, int n, int me, size_t es) {
         return true;
     return false;
   case TCC_COLL_ALLTOALL:
+    if (!alltoall_spans_meet(c, n, me, es)) return false; /* the usual case, in O(n) */
     for (int i = 0; i < n; i++)
       for (int j = 0; j < n; j++)
         if (j != me && overlap(c->sends[i], c->send_counts[i] * es, c->recvs[j],

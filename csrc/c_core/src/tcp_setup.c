@@ -94,7 +94,7 @@ typedef struct conn {
   conn_phase_t phase;
   tcp_hello_t msg;     /* the message being sent or received */
   size_t done;
-  int64_t retry_ns;    /* outgoing, C_IDLE: when to try again */
+  int64_t time_ns;     /* outgoing, C_IDLE: when to try again; incoming: accepted */
   char last_error[120];
 } conn_t;
 
@@ -117,6 +117,9 @@ static int *chan_fds(tcp_state_t *st, int chan) {
   return chan == TCP_CHAN_COLL ? st->coll_fd : st->p2p_fd;
 }
 
+/* SO_SNDBUF/SO_RCVBUF are left alone on purpose: setting them turns off
+ * the kernel's buffer autotuning and is capped by net.core.rmem_max
+ * (often 208 KiB), which would make buffers smaller, not larger. */
 static void set_nodelay(int fd) {
   int one = 1;
   /* small messages (descriptors, headers) must not wait for Nagle */
@@ -127,7 +130,7 @@ static void conn_retry(conn_t *c, const char *why, int errnum) {
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
   c->phase = C_IDLE;
-  c->retry_ns = tcc_now_ns() + RETRY_NS;
+  c->time_ns = tcc_now_ns() + RETRY_NS;
   snprintf(c->last_error, sizeof(c->last_error), "%s%s%s", why, errnum ? ": " : "",
            errnum ? strerror(errnum) : "");
 }
@@ -257,14 +260,17 @@ static tcc_result_t accept_all(mesh_t *m, tcc_err_t *err) {
       int oldest = -1;
       for (int i = 0; i < m->nin; i++)
         if (m->in[i].phase == C_RECV &&
-            (oldest < 0 || m->in[i].retry_ns < m->in[oldest].retry_ns))
+            (oldest < 0 || m->in[i].time_ns < m->in[oldest].time_ns))
           oldest = i;
+      if (oldest < 0) { /* cannot happen: see in_cap */
+        close(fd);
+        continue;
+      }
       drop_incoming(m, oldest);
     }
     set_nodelay(fd);
-    /* retry_ns holds the accept time for incoming connections */
     m->in[m->nin++] = (conn_t){.fd = fd, .peer = -1, .phase = C_RECV,
-                               .retry_ns = tcc_now_ns()};
+                               .time_ns = tcc_now_ns()};
   }
 }
 
@@ -279,7 +285,7 @@ static void describe_missing(const mesh_t *m, char *buf, size_t len) {
     const char *why = "";
     if (j < m->st->me) {
       const conn_t *c = &m->out[2 * j + (coll ? TCP_CHAN_COLL : TCP_CHAN_P2P)];
-      why = c->last_error[0] ? c->last_error : "no reply";
+      why = c->last_error[0] ? c->last_error : "no handshake reply";
     }
     int k = snprintf(buf + used, len - used, "%srank %d (%s%s%s%s)", used ? ", " : "", j,
                      coll && p2p ? "coll, p2p" : coll ? "coll" : "p2p", *why ? ": " : "",
@@ -304,8 +310,8 @@ static int64_t mesh_prepare_poll(mesh_t *m, int64_t now, int *npfd) {
   for (int i = 0; i < 2 * m->st->me; i++) {
     conn_t *c = &m->out[i];
     if (c->phase == C_IDLE) {
-      if (c->retry_ns <= now) conn_start(m, c);
-      if (c->phase == C_IDLE && c->retry_ns < wake) wake = c->retry_ns;
+      if (c->time_ns <= now) conn_start(m, c);
+      if (c->phase == C_IDLE && c->time_ns < wake) wake = c->time_ns;
     }
     if (c->phase == C_IDLE || c->phase == C_DONE) continue;
     m->pfd[k] = (struct pollfd){.fd = c->fd, .events = c->phase == C_RECV ? POLLIN : POLLOUT};
