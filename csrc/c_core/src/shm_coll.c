@@ -229,7 +229,9 @@ static tcc_result_t reduce_pipelined(tcc_comm_t *comm, shm_state_t *st, const tc
       char *in = shm_in(st, me, parity);
       for (int j = 0; j < n; j++) {
         size_t k0 = t * w;
-        if (k0 < pt->len[j]) memcpy(in + (size_t)j * slot, pt->src[j] + k0 * es, min_sz(w, pt->len[j] - k0) * es);
+        /* Our own part is reduced straight from our input: not staged. */
+        if (j != me && k0 < pt->len[j])
+          memcpy(in + (size_t)j * slot, pt->src[j] + k0 * es, min_sz(w, pt->len[j] - k0) * es);
       }
     }
     tcc_result_t r = t == 0 ? first_stage_sync(comm, st, c, parity, seq, deadline, err)
@@ -246,6 +248,7 @@ static tcc_result_t reduce_pipelined(tcc_comm_t *comm, shm_state_t *st, const tc
     if (t < T && t * w < pt->len[me]) {
       size_t k0 = t * w;
       for (int j = 0; j < n; j++) st->srcs[j] = shm_in(st, j, parity) + (size_t)me * slot;
+      st->srcs[me] = pt->src[me] + k0 * es;
       char *dst = pt->direct ? pt->out[me] + k0 * es : shm_res(st, me, parity ^ 1);
       tcc_reduce_n(dst, st->srcs, n, min_sz(w, pt->len[me] - k0), c->dtype, c->redop, c->premul);
     }
