@@ -17,10 +17,12 @@
  * is no loop-carried dependence, which NO_LOOP_CARRIED_DEPS tells the
  * vectorizer so that it does not give up over possible aliasing.
  *
- * ISA dispatch: every kernel is compiled twice, for the baseline ISA and
- * for AVX2 (+F16C for float16 conversions), and the choice is made once
- * from cpuid. Both produce identical bits. TCCOMM_REDUCE_ISA=generic
- * forces the baseline kernels (tests use it to check both).
+ * ISA dispatch: the elementwise kernels are compiled twice, for the baseline ISA
+ * and for AVX2, and float16 / bfloat16 also get hand-written AVX2 (+F16C)
+ * kernels, because their conversions, not memory, bound them. The choice
+ * is made once from cpuid; every variant produces identical bits.
+ * TCCOMM_REDUCE_ISA=generic forces the baseline kernels (the tests use it
+ * to check both).
  */
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -294,7 +294,7 @@ static void run_case(tcc_dtype_t dt, tcc_redop_t op, int nsrc, size_t count, int
   size_t esize = tcc_dtype_size(dt);
   void *bufs[5] = {0};
   for (int s = 0; s < nsrc; s++) {
-    bufs[s] = malloc(count * esize + 1); /* exact size: ASan flags any overrun */
+    bufs[s] = malloc(count ? count * esize : 1); /* exact size: ASan flags any overrun */
     fill_random(dt, bufs[s], count, mode);
   }
   const void *srcs[5];
@@ -361,7 +361,7 @@ static void run_case(tcc_dtype_t dt, tcc_redop_t op, int nsrc, size_t count, int
 }
 
 static void test_matrix(void) {
-  static const size_t sizes[] = {0, 1, 7, 255, 256, 257, 1000, 4099};
+  static const size_t sizes[] = {0, 1, 7, 255, 256, 257, 513, 1000, 4099};
   static const double premuls[] = {0.5, -1.25, 3.0, 0.1, 1.0 / 3.0};
   int premul_index = 0;
   for (int dt = 0; dt < TCC_DTYPE_COUNT; dt++) {
@@ -385,8 +385,9 @@ static void test_matrix(void) {
 
 /* ---- targeted cases ------------------------------------------------------------ */
 
-/* Reduces `count` copies of per-source scalars; returns element 0 and
- * checks all elements agree (full vector blocks and the tail alike). */
+/* Reduces SPREAD copies of one scalar per source into out_scalar, and
+ * checks that every element has the same bits (vector body and scalar
+ * tail alike, NaN payloads included). */
 #define SPREAD 1031 /* two full blocks and a tail */
 
 static void reduce_spread(tcc_dtype_t dt, tcc_redop_t op, int nsrc, const void *scalars,
@@ -489,7 +490,9 @@ static void test_conversion_boundaries(void) {
       0x387FFFFF, 0x38800000, 0x387FC000, 0x387FE000, /* subnormal/normal edge */
       0x3F808000, 0x3F818000, 0x3F80C000, 0x3F807FFF, /* bf16 ties */
       0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x00008000, 0x00018000, 0x00000001,
-      0x7FA00000, 0xFFC00001, 0x7F800000, 0xFF800000, 0x80000000, 0x00000000,
+      0x7F800000, 0xFF800000, 0x80000000, 0x00000000,
+      /* NaNs: signalling, and payloads whose rounding increment would carry */
+      0x7FA00000, 0xFFC00001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FFF8000, 0x7F80FFFF,
   };
   for (size_t k = 0; k < sizeof floats / sizeof floats[0]; k++) {
     float factor;
@@ -519,7 +522,8 @@ static void test_conversion_sweep(void) {
     for (unsigned i = 0; i < 65536; i++) {
       double in = float_elem((tcc_dtype_t)dt, all, i);
       int ok = isnan(in) ? isnan(float_elem((tcc_dtype_t)dt, out, i)) : out[i] == all[i];
-      if (!ok && bad++ < 3) CHECK(ok, "%s identity 0x%04x -> 0x%04x", tcc_dtype_name(dt), i, out[i]);
+      if (!ok && bad++ < 3)
+        CHECK(ok, "%s identity 0x%04x -> 0x%04x", tcc_dtype_name(dt), i, out[i]);
     }
   }
   for (int round = 0; round < 64; round++) {
@@ -602,10 +606,20 @@ static void test_bool_semantics(void) {
   }
 }
 
-static void test_empty(void) {
-  const void *srcs[2] = {NULL, NULL};
-  tcc_reduce_n(NULL, srcs, 2, 0, TCC_FLOAT32, TCC_SUM, 0); /* must not touch anything */
-  CHECK(1, "unreachable");
+static void test_empty_and_unsupported(void) {
+  /* Zero elements: no pointer is touched, NULL ones included. */
+  const void *null_srcs[2] = {NULL, NULL};
+  tcc_reduce_n(NULL, null_srcs, 2, 0, TCC_FLOAT32, TCC_SUM, 0);
+  tcc_reduce_n(NULL, null_srcs, 2, 0, TCC_BFLOAT16, TCC_MAX, 0);
+  /* Combinations the caller should have rejected leave dst alone. */
+  float dst = 7, one = 1;
+  const void *one_src[1] = {&one};
+  tcc_reduce_n(&dst, one_src, 1, 1, TCC_FLOAT32, TCC_BXOR, 0);
+  CHECK(dst == 7, "float32 bxor wrote %g", dst);
+  tcc_reduce_n(&dst, one_src, 1, 1, (tcc_dtype_t)99, TCC_SUM, 0);
+  CHECK(dst == 7, "dtype 99 wrote %g", dst);
+  tcc_reduce_n(&dst, one_src, 0, 1, TCC_FLOAT32, TCC_SUM, 0);
+  CHECK(dst == 7, "nsrc 0 wrote %g", dst);
 }
 
 /* ---- support matrix and names ---------------------------------------------------- */
@@ -633,7 +647,8 @@ static void test_support_matrix(void) {
 
 static void test_names(void) {
   static const char *const dtype_names[TCC_DTYPE_COUNT] = {
-      "float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"};
+      "float32", "float64", "float16", "bfloat16", "int8",
+      "int16",   "int32",   "int64",   "uint8",    "bool"};
   static const size_t dtype_sizes[TCC_DTYPE_COUNT] = {4, 8, 2, 2, 1, 2, 4, 8, 1, 1};
   static const char *const op_names[TCC_REDOP_COUNT] = {
       "sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum"};
@@ -653,7 +668,8 @@ static void test_names(void) {
     const char *s = tcc_result_string((tcc_result_t)r);
     CHECK(s != NULL && s[0] != '\0' && strcmp(s, "unknown") != 0, "result %d: %s", r, s);
     for (int other = TCC_OK; other < r; other++)
-      CHECK(strcmp(s, tcc_result_string((tcc_result_t)other)) != 0, "results %d/%d share", r, other);
+      CHECK(strcmp(s, tcc_result_string((tcc_result_t)other)) != 0, "results %d/%d share", r,
+            other);
   }
   CHECK(strcmp(tcc_result_string((tcc_result_t)1234), "unknown") == 0, "bad result");
 }
@@ -680,7 +696,7 @@ int main(int argc, char **argv) {
   const char *forced_isa = getenv("TCCOMM_REDUCE_ISA");
   test_names();
   test_support_matrix();
-  test_empty();
+  test_empty_and_unsupported();
   test_float_order();
   test_nan_propagation();
   test_half_rounding();

@@ -12,10 +12,12 @@
 static void test_err_set(void) {
   tcc_err_t err = {0};
   CHECK(tcc_err_set(&err, TCC_ERR_TIMEOUT, "rank %d late", 3) == TCC_ERR_TIMEOUT, "returns code");
-  CHECK(err.code == TCC_ERR_TIMEOUT && strcmp(err.msg, "rank 3 late") == 0, "recorded: %s", err.msg);
+  CHECK(err.code == TCC_ERR_TIMEOUT && strcmp(err.msg, "rank 3 late") == 0, "recorded: %s",
+        err.msg);
   /* The first error is kept; later ones only return their code. */
   CHECK(tcc_err_set(&err, TCC_ERR_ABORTED, "later") == TCC_ERR_ABORTED, "returns later code");
-  CHECK(err.code == TCC_ERR_TIMEOUT && strcmp(err.msg, "rank 3 late") == 0, "first wins: %s", err.msg);
+  CHECK(err.code == TCC_ERR_TIMEOUT && strcmp(err.msg, "rank 3 late") == 0, "first wins: %s",
+        err.msg);
   CHECK(tcc_err_set(NULL, TCC_ERR_SYSTEM, "x") == TCC_ERR_SYSTEM, "NULL err");
   tcc_err_t ok = {0};
   CHECK(tcc_err_set(&ok, TCC_OK, "fine") == TCC_OK && ok.code == TCC_OK, "TCC_OK records nothing");
