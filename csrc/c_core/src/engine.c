@@ -170,15 +170,15 @@ static void *collective_thread_main(void *arg) {
 
 /* ---- point to point --------------------------------------------------- */
 
-static void op_fail_fmt(tcc_op_t *op, tcc_result_t code, const char *fmt, const char *cause) {
+/* Fails a p2p op with a message naming the op, the group, both ranks and the tag. */
+static void fail_p2p_op(tcc_op_t *op, tcc_result_t code, const char *cause) {
   char msg[TCC_ERRLEN];
-  snprintf(msg, sizeof msg, fmt, op->kind == TCC_OP_SEND ? "send" : "recv", op->comm->name,
-           op->comm->rank, op->kind == TCC_OP_SEND ? "to" : "from", op->peer,
-           (unsigned long long)op->tag, cause);
+  const int is_send = op->kind == TCC_OP_SEND;
+  snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) %s rank %d, tag %llu: %.360s",
+           is_send ? "send" : "recv", op->comm->name, op->comm->rank, is_send ? "to" : "from",
+           op->peer, (unsigned long long)op->tag, cause);
   tcc_op_finish(op, code, msg);
 }
-
-#define P2P_FAIL_FMT "tccomm %s on '%s' (rank %d) %s rank %d, tag %llu: %s"
 
 static void queue_push(tcc_op_t **head, tcc_op_t **tail, tcc_op_t *op) {
   op->next = NULL;
@@ -188,7 +188,7 @@ static void queue_push(tcc_op_t **head, tcc_op_t **tail, tcc_op_t *op) {
 
 static void finish_p2p(tcc_engine_t *e, tcc_op_t *op, tcc_result_t r, const char *cause) {
   if (r == TCC_OK) tcc_op_finish(op, TCC_OK, NULL);
-  else op_fail_fmt(op, r, P2P_FAIL_FMT, cause);
+  else fail_p2p_op(op, r, cause);
   e->p2p_pending--;
   tcc_op_release(op);
 }
@@ -368,50 +368,42 @@ static void adopt_new_p2p_ops(tcc_engine_t *e, tcc_op_t *list) {
   }
 }
 
-/* Fails every p2p op whose deadline passed (or all of them if `all`). A
- * transfer cut in the middle leaves the stream unusable: the communicator
- * fails. */
+/* Fails the ops of one queue whose deadline passed (or all of them if
+ * `all`, with `code` and `cause`). */
+static void expire_queue(tcc_comm_t *comm, tcc_op_t **head, tcc_op_t **tail, int64_t now, int all,
+                         tcc_result_t code, const char *cause) {
+  tcc_op_t **link = head, *prev = NULL;
+  while (*link) {
+    tcc_op_t *op = *link;
+    if (!all && now <= op->deadline_ns) {
+      prev = op;
+      link = &op->next;
+      continue;
+    }
+    /* A send cut part-way leaves the byte stream unusable. */
+    if (!all && op->kind == TCC_OP_SEND && op->done_bytes > 0)
+      tcc_comm_fail(comm, TCC_ERR_TIMEOUT, "a point-to-point send timed out part-way");
+    *link = op->next;
+    if (*tail == op) *tail = prev;
+    char why[TCC_ERRLEN];
+    if (all)
+      snprintf(why, sizeof why, "%.300s", cause);
+    else
+      snprintf(why, sizeof why, "timed out after %lld ms: %s (%.300s)", (long long)op->timeout_ms,
+               op->kind == TCC_OP_SEND ? "the peer did not receive it" : "no matching send arrived",
+               cause);
+    finish_p2p(comm->engine, op, all ? code : TCC_ERR_TIMEOUT, why);
+  }
+}
+
+/* Fails every p2p op whose deadline passed (or all of them if `all`). */
 static void expire_p2p_ops(tcc_comm_t *comm, int64_t now, int all, tcc_result_t code,
                            const char *cause) {
   tcc_engine_t *e = comm->engine;
   for (int p = 0; p < comm->size; p++) {
     peer_state_t *ps = &e->peers[p];
-    tcc_op_t **link = &ps->send_head;
-    tcc_op_t *prev = NULL;
-    while (*link) {
-      tcc_op_t *op = *link;
-      if (all || now > op->deadline_ns) {
-        if (op->done_bytes > 0 && !all)
-          tcc_comm_fail(comm, TCC_ERR_TIMEOUT, "a point-to-point send timed out part-way");
-        *link = op->next;
-        if (ps->send_tail == op) ps->send_tail = prev;
-        char why[200];
-        if (all) snprintf(why, sizeof why, "%s", cause);
-        else snprintf(why, sizeof why, "timed out after %lld ms: the peer did not receive it (%s)",
-                      (long long)op->timeout_ms, cause);
-        finish_p2p(e, op, all ? code : TCC_ERR_TIMEOUT, why);
-        continue;
-      }
-      prev = op;
-      link = &op->next;
-    }
-    link = &ps->recv_head;
-    prev = NULL;
-    while (*link) {
-      tcc_op_t *op = *link;
-      if (all || now > op->deadline_ns) {
-        *link = op->next;
-        if (ps->recv_tail == op) ps->recv_tail = prev;
-        char why[200];
-        if (all) snprintf(why, sizeof why, "%s", cause);
-        else snprintf(why, sizeof why, "timed out after %lld ms: no matching send arrived (%s)",
-                      (long long)op->timeout_ms, cause);
-        finish_p2p(e, op, all ? code : TCC_ERR_TIMEOUT, why);
-        continue;
-      }
-      prev = op;
-      link = &op->next;
-    }
+    expire_queue(comm, &ps->send_head, &ps->send_tail, now, all, code, cause);
+    expire_queue(comm, &ps->recv_head, &ps->recv_tail, now, all, code, cause);
     if (ps->in_op && (all || now > ps->in_op->deadline_ns)) {
       tcc_op_t *op = ps->in_op;
       ps->in_op = NULL;

@@ -1,0 +1,855 @@
+// backend.cpp - see backend.hpp.
+#include "backend.hpp"
+
+#include <thread>
+#include <utility>
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+namespace tccomm {
+
+namespace {
+
+using c10d::OpType;
+
+int64_t timeoutMs(std::chrono::milliseconds timeout) {
+  // c10d's kUnsetTimeout (-1) and 0 both mean the communicator's timeout.
+  return timeout.count() > 0 ? timeout.count() : 0;
+}
+
+uint64_t coreTag(int tag) {
+  return static_cast<uint64_t>(static_cast<uint32_t>(tag));
+}
+
+// Frees a communicator. tcc_comm_destroy joins the core's threads, so it
+// must not run on one of them (the last reference to a backend can be
+// dropped by a future continuation): hand it to a thread of its own then.
+void destroyComm(tcc_comm_t* comm) {
+  if (comm == nullptr) {
+    return;
+  }
+  if (inCoreCallback()) {
+    std::thread([comm] { tcc_comm_destroy(comm); }).detach();
+    return;
+  }
+  tcc_comm_destroy(comm);
+}
+
+// Rows of dimension 0 that go to (or come from) each peer in an alltoall.
+std::vector<size_t> splitRows(
+    const char* op,
+    const char* role,
+    const std::vector<int64_t>& splits,
+    int64_t dim0,
+    int size) {
+  if (splits.empty()) {
+    TCC_CHECK(
+        dim0 % size == 0,
+        op,
+        "the ",
+        role,
+        " tensor's dimension 0 (",
+        dim0,
+        ") does not divide equally across the group size ",
+        size,
+        "; pass split sizes");
+    return std::vector<size_t>(size, static_cast<size_t>(dim0 / size));
+  }
+  TCC_CHECK(
+      splits.size() == static_cast<size_t>(size),
+      op,
+      role,
+      " split sizes has ",
+      splits.size(),
+      " entries, expected the group size ",
+      size);
+  std::vector<size_t> rows(size);
+  int64_t total = 0;
+  for (const auto j : c10::irange(size)) {
+    TCC_CHECK(splits[j] >= 0, op, role, " split size ", j, " is negative (", splits[j], ")");
+    rows[j] = static_cast<size_t>(splits[j]);
+    total += splits[j];
+  }
+  TCC_CHECK(
+      total == dim0,
+      op,
+      role,
+      " split sizes sum to ",
+      total,
+      " but the ",
+      role,
+      " tensor's dimension 0 is ",
+      dim0);
+  return rows;
+}
+
+// Element ranges [offset, offset + rows * row) of consecutive splits.
+std::vector<tcc_buf_t> splitBufs(const tcc_buf_t& whole, const std::vector<size_t>& rows, size_t row) {
+  std::vector<tcc_buf_t> bufs;
+  bufs.reserve(rows.size());
+  size_t offset = 0;
+  for (const size_t r : rows) {
+    bufs.push_back(sliceBuf(whole, offset, r * row));
+    offset += r * row;
+  }
+  return bufs;
+}
+
+// `tensors` has `size` entries, each with the dtype of `like` and `numel` elements.
+void checkTensorList(
+    const char* op,
+    const std::vector<at::Tensor>& tensors,
+    const at::Tensor& like,
+    int64_t numel,
+    int size,
+    const char* role) {
+  TCC_CHECK(
+      tensors.size() == static_cast<size_t>(size),
+      op,
+      "the ",
+      role,
+      " list has ",
+      tensors.size(),
+      " tensors, expected the group size ",
+      size);
+  for (const auto j : c10::irange(tensors.size())) {
+    checkTensorLike(op, tensors[j], like, role);
+    TCC_CHECK(
+        tensors[j].numel() == numel,
+        op,
+        role,
+        " tensor ",
+        j,
+        " has ",
+        tensors[j].numel(),
+        " elements, expected ",
+        numel);
+  }
+}
+
+// On ranks other than the root, the root-only list must be absent or empty.
+void checkNoRootList(
+    const char* op,
+    const std::vector<std::vector<at::Tensor>>& lists,
+    int rank,
+    int root,
+    const char* role) {
+  TCC_CHECK(
+      lists.empty() || (lists.size() == 1 && lists[0].empty()),
+      op,
+      "only the root (rank ",
+      root,
+      ") passes ",
+      role,
+      " tensors; rank ",
+      rank,
+      " passed some");
+}
+
+// The one tensor list of a root-side list argument.
+std::vector<at::Tensor>& rootList(
+    const char* op,
+    std::vector<std::vector<at::Tensor>>& lists,
+    const char* role) {
+  TCC_CHECK(
+      lists.size() == 1,
+      op,
+      "expected one ",
+      role,
+      " tensor list on the root, got ",
+      lists.size(),
+      " (tccomm moves one tensor per process per op)");
+  return lists[0];
+}
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> all;
+  for (const auto& list : lists) {
+    all.insert(all.end(), list.begin(), list.end());
+  }
+  return all;
+}
+
+} // namespace
+
+TccBackend::TccBackend(
+    tcc_comm_t* comm,
+    int rank,
+    int size,
+    std::chrono::milliseconds timeout,
+    const std::string& name)
+    : c10d::Backend(rank, size),
+      comm_(comm),
+      options_(c10::make_intrusive<Options>("tccomm", timeout)) {
+  options_->group_name = name;
+  init();
+}
+
+TccBackend::~TccBackend() {
+  tcc_comm_t* comm = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comm = std::exchange(comm_, nullptr);
+  }
+  destroyComm(comm);
+}
+
+void TccBackend::shutdown() {
+  tcc_comm_t* comm = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comm = std::exchange(comm_, nullptr);
+  }
+  destroyComm(comm);
+}
+
+void TccBackend::abort() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (comm_ != nullptr && !aborted_) {
+    tcc_comm_abort(comm_);
+  }
+  aborted_ = true;
+}
+
+void TccBackend::checkUsable(const char* op) const {
+  if (aborted_) {
+    C10_THROW_ERROR(DistBackendError, c10::str("tccomm: ", op, ": the process group was aborted"));
+  }
+  if (comm_ == nullptr) {
+    C10_THROW_ERROR(DistBackendError, c10::str("tccomm: ", op, ": the process group has been shut down"));
+  }
+}
+
+void TccBackend::setTimeout(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(timeout.count() > 0, "tccomm: setTimeout: the timeout must be positive, got ", timeout.count(), " ms");
+  options_->timeout = timeout;
+  if (comm_ != nullptr) {
+    tcc_comm_set_timeout(comm_, timeout.count());
+  }
+}
+
+void TccBackend::setSequenceNumberForGroup() {
+  // Every rank creates the communicator together, so the count of issued
+  // collectives starts at 0 everywhere: nothing to agree on.
+}
+
+uint64_t TccBackend::getSequenceNumberForGroup() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  checkUsable("getSequenceNumberForGroup");
+  return tcc_comm_collective_count(comm_);
+}
+
+c10d::ErrorType TccBackend::getError() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (aborted_) {
+    return c10d::ErrorType::COMM_ERROR;
+  }
+  if (comm_ == nullptr) {
+    return c10d::ErrorType::SUCCESS;
+  }
+  switch (tcc_comm_status(comm_)) {
+    case TCC_OK:
+      return c10d::ErrorType::SUCCESS;
+    case TCC_ERR_TIMEOUT:
+      return c10d::ErrorType::TIMEOUT;
+    case TCC_ERR_REMOTE:
+      return c10d::ErrorType::REMOTE_ERROR;
+    default:
+      return c10d::ErrorType::COMM_ERROR;
+  }
+}
+
+void TccBackend::startCoalescing() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(!coalescing_, "tccomm: startCoalescing: already coalescing (missing endCoalescing)");
+  coalescing_ = true;
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::endCoalescing() {
+  std::vector<c10::intrusive_ptr<PendingOp>> ops;
+  std::vector<at::Tensor> outputs;
+  std::vector<at::Tensor> inputs;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(coalescing_, "tccomm: endCoalescing: startCoalescing was not called");
+    coalescing_ = false;
+    ops.swap(coalescedOps_);
+    outputs.swap(coalescedOutputs_);
+    inputs.swap(coalescedInputs_);
+  }
+  return TccWork::create(rank_, OpType::COALESCED, "coalesced ops", std::move(ops), std::move(outputs), inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::run(
+    const char* op,
+    OpType type,
+    std::chrono::milliseconds timeout,
+    std::vector<Step> steps,
+    std::vector<at::Tensor> outputs,
+    const std::vector<at::Tensor>& inputs,
+    int sourceRank) {
+  std::vector<c10::intrusive_ptr<PendingOp>> ops;
+  ops.reserve(steps.size());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    checkUsable(op);
+    for (auto& step : steps) {
+      tcc_op_opts_t opts{timeoutMs(timeout), step.premulFactor};
+      auto pending = c10::make_intrusive<PendingOp>(op, std::move(step.buffers));
+      tcc_op_t* handle = nullptr;
+      const tcc_result_t r = step.call(comm_, &opts, &handle);
+      if (r != TCC_OK) {
+        // The core's message names the op, the group, this rank and the cause.
+        std::string msg = tcc_comm_last_error(comm_);
+        if (msg.empty()) {
+          msg = c10::str("tccomm: ", op, ": ", tcc_result_string(r));
+        }
+        if (!ops.empty()) {
+          // Those finish on their own (their buffers stay alive until then).
+          msg = c10::str(msg, " (", ops.size(), " of the ", steps.size(), " ops of this ", op, " were issued)");
+        } else if (r == TCC_ERR_INVALID || r == TCC_ERR_UNSUPPORTED) {
+          TORCH_CHECK(false, msg); // bad input, nothing sent
+        }
+        C10_THROW_ERROR(DistBackendError, msg);
+      }
+      PendingOp::start(pending, handle);
+      ops.push_back(std::move(pending));
+    }
+    if (coalescing_) {
+      coalescedOps_.insert(coalescedOps_.end(), ops.begin(), ops.end());
+      coalescedOutputs_.insert(coalescedOutputs_.end(), outputs.begin(), outputs.end());
+      coalescedInputs_.insert(coalescedInputs_.end(), inputs.begin(), inputs.end());
+    }
+  }
+  return TccWork::create(rank_, type, op, std::move(ops), std::move(outputs), inputs, sourceRank);
+}
+
+// ---- collectives -----------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> TccBackend::broadcast(
+    std::vector<at::Tensor>& tensors,
+    const c10d::BroadcastOptions& opts) {
+  const char* op = "broadcast";
+  at::Tensor& tensor = singleTensor(op, tensors, "input");
+  const int root = checkRank(op, "root", opts.rootRank, size_);
+  TCC_CHECK(opts.rootTensor == 0, op, "rootTensor must be 0, got ", opts.rootTensor);
+  Step step(op);
+  const tcc_buf_t buf = step.buffers.inout(tensor);
+  step.call = [buf, root](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_broadcast(c, buf, root, o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::BROADCAST, opts.timeout, std::move(steps), tensors, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::allreduce(
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceOptions& opts) {
+  const char* op = "allreduce";
+  at::Tensor& tensor = singleTensor(op, tensors, "input");
+  TCC_CHECK(!opts.sparseIndices.has_value(), op, "sparse allreduce is not supported");
+  const Reduction red = toReduction(op, opts.reduceOp, tensor.scalar_type());
+  Step step(op);
+  step.premulFactor = red.premulFactor;
+  const tcc_buf_t buf = step.buffers.inout(tensor);
+  step.call = [buf, red](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_allreduce(c, buf, buf, red.op, o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::ALLREDUCE, opts.timeout, std::move(steps), tensors, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceCoalescedOptions& opts) {
+  const char* op = "allreduce_coalesced";
+  TCC_CHECK(!tensors.empty(), op, "no tensors given");
+  for (const auto& t : tensors) {
+    checkTensorLike(op, t, tensors[0], "input");
+  }
+  const Reduction red = toReduction(op, opts.reduceOp, tensors[0].scalar_type());
+  std::vector<Step> steps;
+  for (auto& tensor : tensors) {
+    Step step(op);
+    step.premulFactor = red.premulFactor;
+    const tcc_buf_t buf = step.buffers.inout(tensor);
+    step.call = [buf, red](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+      return tcc_allreduce(c, buf, buf, red.op, o, h);
+    };
+    steps.push_back(std::move(step));
+  }
+  return run(op, OpType::ALLREDUCE_COALESCED, opts.timeout, std::move(steps), tensors, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::reduce(
+    std::vector<at::Tensor>& tensors,
+    const c10d::ReduceOptions& opts) {
+  const char* op = "reduce";
+  at::Tensor& tensor = singleTensor(op, tensors, "input");
+  const int root = checkRank(op, "root", opts.rootRank, size_);
+  TCC_CHECK(opts.rootTensor == 0, op, "rootTensor must be 0, got ", opts.rootTensor);
+  const Reduction red = toReduction(op, opts.reduceOp, tensor.scalar_type());
+  Step step(op);
+  step.premulFactor = red.premulFactor;
+  const tcc_buf_t buf = step.buffers.inout(tensor);
+  step.call = [buf, red, root](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_reduce(c, buf, buf, red.op, root, o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::REDUCE, opts.timeout, std::move(steps), tensors, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::allgather(
+    std::vector<std::vector<at::Tensor>>& outputTensors,
+    std::vector<at::Tensor>& inputTensors,
+    const c10d::AllgatherOptions& opts) {
+  const char* op = "allgather";
+  at::Tensor& input = singleTensor(op, inputTensors, "input");
+  TCC_CHECK(
+      outputTensors.size() == 1,
+      op,
+      "expected one output tensor list, got ",
+      outputTensors.size(),
+      " (tccomm moves one tensor per process per op)");
+  auto& outputs = outputTensors[0];
+  checkTensorList(op, outputs, input, input.numel(), size_, "output");
+  Step step(op);
+  const tcc_buf_t send = step.buffers.input(input);
+  std::vector<tcc_buf_t> recvs;
+  for (auto& out : outputs) {
+    recvs.push_back(step.buffers.output(out));
+  }
+  step.call = [send, recvs](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_allgather(c, send, recvs.data(), o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::ALLGATHER, opts.timeout, std::move(steps), outputs, inputTensors);
+}
+
+TccBackend::Step TccBackend::allgatherIntoTensor(const char* op, at::Tensor& output, at::Tensor& input) const {
+  checkTensor(op, input, "input");
+  checkTensorLike(op, output, input, "output");
+  const int64_t n = input.numel();
+  TCC_CHECK(
+      output.numel() == size_ * n,
+      op,
+      "the output has ",
+      output.numel(),
+      " elements, expected group size x input elements = ",
+      size_,
+      " x ",
+      n);
+  Step step(op);
+  const tcc_buf_t send = step.buffers.input(input);
+  const tcc_buf_t whole = step.buffers.output(output);
+  std::vector<tcc_buf_t> recvs;
+  for (const auto j : c10::irange(size_)) {
+    recvs.push_back(sliceBuf(whole, static_cast<size_t>(j * n), static_cast<size_t>(n)));
+  }
+  step.call = [send, recvs](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_allgather(c, send, recvs.data(), o, h);
+  };
+  return step;
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::_allgather_base(
+    at::Tensor& outputBuffer,
+    at::Tensor& inputBuffer,
+    const c10d::AllgatherOptions& opts) {
+  const char* op = "_allgather_base";
+  std::vector<Step> steps;
+  steps.push_back(allgatherIntoTensor(op, outputBuffer, inputBuffer));
+  return run(op, OpType::_ALLGATHER_BASE, opts.timeout, std::move(steps), {outputBuffer}, {inputBuffer});
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputTensorLists,
+    std::vector<at::Tensor>& inputTensors,
+    const c10d::AllgatherOptions& opts) {
+  // outputTensorLists[q][k] receives input k of rank q (as in gloo).
+  const char* op = "allgather_coalesced";
+  TCC_CHECK(!inputTensors.empty(), op, "no tensors given");
+  TCC_CHECK(
+      outputTensorLists.size() == static_cast<size_t>(size_),
+      op,
+      "got ",
+      outputTensorLists.size(),
+      " output lists, expected one per rank (",
+      size_,
+      ")");
+  for (const auto k : c10::irange(inputTensors.size())) {
+    checkTensorLike(op, inputTensors[k], inputTensors[0], "input");
+  }
+  for (const auto q : c10::irange(outputTensorLists.size())) {
+    const auto& list = outputTensorLists[q];
+    TCC_CHECK(
+        list.size() == inputTensors.size(),
+        op,
+        "output list ",
+        q,
+        " has ",
+        list.size(),
+        " tensors, expected one per input (",
+        inputTensors.size(),
+        ")");
+    for (const auto k : c10::irange(list.size())) {
+      checkTensorLike(op, list[k], inputTensors[0], "output");
+      TCC_CHECK(
+          list[k].numel() == inputTensors[k].numel(),
+          op,
+          "output ",
+          q,
+          "/",
+          k,
+          " has ",
+          list[k].numel(),
+          " elements, input ",
+          k,
+          " has ",
+          inputTensors[k].numel());
+    }
+  }
+  std::vector<Step> steps;
+  for (const auto k : c10::irange(inputTensors.size())) {
+    Step step(op);
+    const tcc_buf_t send = step.buffers.input(inputTensors[k]);
+    std::vector<tcc_buf_t> recvs;
+    for (auto& list : outputTensorLists) {
+      recvs.push_back(step.buffers.output(list[k]));
+    }
+    step.call = [send, recvs](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+      return tcc_allgather(c, send, recvs.data(), o, h);
+    };
+    steps.push_back(std::move(step));
+  }
+  return run(
+      op, OpType::ALLGATHER_COALESCED, opts.timeout, std::move(steps), flatten(outputTensorLists), inputTensors);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* op = "allgather_into_tensor_coalesced";
+  TCC_CHECK(!inputs.empty(), op, "no tensors given");
+  TCC_CHECK(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ", inputs.size(), " inputs");
+  std::vector<Step> steps;
+  for (const auto i : c10::irange(inputs.size())) {
+    checkTensorLike(op, inputs[i], inputs[0], "input");
+    steps.push_back(allgatherIntoTensor(op, outputs[i], inputs[i]));
+  }
+  return run(op, OpType::COALESCED, opts.timeout, std::move(steps), outputs, inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::gather(
+    std::vector<std::vector<at::Tensor>>& outputTensors,
+    std::vector<at::Tensor>& inputTensors,
+    const c10d::GatherOptions& opts) {
+  const char* op = "gather";
+  at::Tensor& input = singleTensor(op, inputTensors, "input");
+  const int root = checkRank(op, "root", opts.rootRank, size_);
+  const bool isRoot = rank_ == root;
+  std::vector<at::Tensor> outputs;
+  if (isRoot) {
+    outputs = rootList(op, outputTensors, "output");
+    checkTensorList(op, outputs, input, input.numel(), size_, "output");
+  } else {
+    checkNoRootList(op, outputTensors, rank_, root, "output");
+  }
+  Step step(op);
+  const tcc_buf_t send = step.buffers.input(input);
+  std::vector<tcc_buf_t> recvs;
+  for (auto& out : outputs) {
+    recvs.push_back(step.buffers.output(out));
+  }
+  step.call = [send, recvs, root, isRoot](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_gather(c, send, isRoot ? recvs.data() : nullptr, root, o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::GATHER, opts.timeout, std::move(steps), outputs, inputTensors);
+}
+
+#ifdef TCCOMM_HAS_GATHER_INTO_TENSOR
+c10::intrusive_ptr<c10d::Work> TccBackend::gather_into_tensor(
+    at::Tensor& outputBuffer,
+    at::Tensor& inputBuffer,
+    const c10d::GatherOptions& opts) {
+  const char* op = "gather_into_tensor";
+  checkTensor(op, inputBuffer, "input");
+  const int root = checkRank(op, "root", opts.rootRank, size_);
+  const bool isRoot = rank_ == root;
+  const int64_t n = inputBuffer.numel();
+  Step step(op);
+  const tcc_buf_t send = step.buffers.input(inputBuffer);
+  std::vector<tcc_buf_t> recvs;
+  if (isRoot) {
+    checkTensorLike(op, outputBuffer, inputBuffer, "output");
+    TCC_CHECK(
+        outputBuffer.numel() == size_ * n,
+        op,
+        "the output has ",
+        outputBuffer.numel(),
+        " elements, expected group size x input elements = ",
+        size_,
+        " x ",
+        n);
+    const tcc_buf_t whole = step.buffers.output(outputBuffer);
+    for (const auto j : c10::irange(size_)) {
+      recvs.push_back(sliceBuf(whole, static_cast<size_t>(j * n), static_cast<size_t>(n)));
+    }
+  }
+  step.call = [send, recvs, root, isRoot](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_gather(c, send, isRoot ? recvs.data() : nullptr, root, o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::GATHER, opts.timeout, std::move(steps), {outputBuffer}, {inputBuffer});
+}
+#endif
+
+c10::intrusive_ptr<c10d::Work> TccBackend::scatter(
+    std::vector<at::Tensor>& outputTensors,
+    std::vector<std::vector<at::Tensor>>& inputTensors,
+    const c10d::ScatterOptions& opts) {
+  const char* op = "scatter";
+  at::Tensor& output = singleTensor(op, outputTensors, "output");
+  const int root = checkRank(op, "root", opts.rootRank, size_);
+  const bool isRoot = rank_ == root;
+  std::vector<at::Tensor> inputs;
+  if (isRoot) {
+    inputs = rootList(op, inputTensors, "input");
+    checkTensorList(op, inputs, output, output.numel(), size_, "input");
+  } else {
+    checkNoRootList(op, inputTensors, rank_, root, "input");
+  }
+  Step step(op);
+  const tcc_buf_t recv = step.buffers.output(output);
+  std::vector<tcc_buf_t> sends;
+  for (auto& in : inputs) {
+    sends.push_back(step.buffers.input(in));
+  }
+  step.call = [sends, recv, root, isRoot](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_scatter(c, isRoot ? sends.data() : nullptr, recv, root, o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::SCATTER, opts.timeout, std::move(steps), outputTensors, inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::reduce_scatter(
+    std::vector<at::Tensor>& outputTensors,
+    std::vector<std::vector<at::Tensor>>& inputTensors,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter";
+  at::Tensor& output = singleTensor(op, outputTensors, "output");
+  TCC_CHECK(
+      inputTensors.size() == 1,
+      op,
+      "expected one input tensor list, got ",
+      inputTensors.size(),
+      " (tccomm moves one tensor per process per op)");
+  auto& inputs = inputTensors[0];
+  checkTensorList(op, inputs, output, output.numel(), size_, "input");
+  const Reduction red = toReduction(op, opts.reduceOp, output.scalar_type());
+  Step step(op);
+  step.premulFactor = red.premulFactor;
+  std::vector<tcc_buf_t> sends;
+  for (auto& in : inputs) {
+    sends.push_back(step.buffers.input(in));
+  }
+  const tcc_buf_t recv = step.buffers.output(output);
+  step.call = [sends, recv, red](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_reduce_scatter(c, sends.data(), recv, red.op, o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::REDUCE_SCATTER, opts.timeout, std::move(steps), outputTensors, inputs);
+}
+
+TccBackend::Step TccBackend::reduceScatterTensor(
+    const char* op,
+    at::Tensor& output,
+    at::Tensor& input,
+    const Reduction& red) const {
+  checkTensor(op, output, "output");
+  checkTensorLike(op, input, output, "input");
+  const int64_t n = output.numel();
+  TCC_CHECK(
+      input.numel() == size_ * n,
+      op,
+      "the input has ",
+      input.numel(),
+      " elements, expected group size x output elements = ",
+      size_,
+      " x ",
+      n);
+  Step step(op);
+  step.premulFactor = red.premulFactor;
+  const tcc_buf_t whole = step.buffers.input(input);
+  std::vector<tcc_buf_t> sends;
+  for (const auto j : c10::irange(size_)) {
+    sends.push_back(sliceBuf(whole, static_cast<size_t>(j * n), static_cast<size_t>(n)));
+  }
+  const tcc_buf_t recv = step.buffers.output(output);
+  step.call = [sends, recv, red](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_reduce_scatter(c, sends.data(), recv, red.op, o, h);
+  };
+  return step;
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::_reduce_scatter_base(
+    at::Tensor& outputBuffer,
+    at::Tensor& inputBuffer,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* op = "_reduce_scatter_base";
+  checkTensor(op, outputBuffer, "output");
+  const Reduction red = toReduction(op, opts.reduceOp, outputBuffer.scalar_type());
+  std::vector<Step> steps;
+  steps.push_back(reduceScatterTensor(op, outputBuffer, inputBuffer, red));
+  return run(op, OpType::_REDUCE_SCATTER_BASE, opts.timeout, std::move(steps), {outputBuffer}, {inputBuffer});
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor_coalesced";
+  TCC_CHECK(!outputs.empty(), op, "no tensors given");
+  TCC_CHECK(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ", inputs.size(), " inputs");
+  checkTensor(op, outputs[0], "output");
+  const Reduction red = toReduction(op, opts.reduceOp, outputs[0].scalar_type());
+  std::vector<Step> steps;
+  for (const auto i : c10::irange(outputs.size())) {
+    checkTensorLike(op, outputs[i], outputs[0], "output");
+    steps.push_back(reduceScatterTensor(op, outputs[i], inputs[i], red));
+  }
+  return run(op, OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, std::move(steps), outputs, inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::alltoall_base(
+    at::Tensor& outputBuffer,
+    at::Tensor& inputBuffer,
+    std::vector<int64_t>& outputSplitSizes,
+    std::vector<int64_t>& inputSplitSizes,
+    const c10d::AllToAllOptions& opts) {
+  const char* op = "alltoall_base";
+  checkTensor(op, inputBuffer, "input");
+  checkTensorLike(op, outputBuffer, inputBuffer, "output");
+  const size_t row = rowElements(op, inputBuffer, "input");
+  const size_t outRow = rowElements(op, outputBuffer, "output");
+  TCC_CHECK(
+      row == outRow,
+      op,
+      "input and output rows differ: ",
+      row,
+      " vs ",
+      outRow,
+      " elements per index of dimension 0");
+  const auto sendRows = splitRows(op, "input", inputSplitSizes, inputBuffer.size(0), size_);
+  const auto recvRows = splitRows(op, "output", outputSplitSizes, outputBuffer.size(0), size_);
+  Step step(op);
+  const auto sends = splitBufs(step.buffers.input(inputBuffer), sendRows, row);
+  const auto recvs = splitBufs(step.buffers.output(outputBuffer), recvRows, row);
+  step.call = [sends, recvs](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_alltoall(c, sends.data(), recvs.data(), o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::ALLTOALL_BASE, opts.timeout, std::move(steps), {outputBuffer}, {inputBuffer});
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::alltoall(
+    std::vector<at::Tensor>& outputTensors,
+    std::vector<at::Tensor>& inputTensors,
+    const c10d::AllToAllOptions& opts) {
+  const char* op = "alltoall";
+  const auto n = static_cast<size_t>(size_);
+  TCC_CHECK(
+      inputTensors.size() == n,
+      op,
+      "the input list has ",
+      inputTensors.size(),
+      " tensors, expected the group size ",
+      size_);
+  TCC_CHECK(
+      outputTensors.size() == n,
+      op,
+      "the output list has ",
+      outputTensors.size(),
+      " tensors, expected the group size ",
+      size_);
+  for (const auto j : c10::irange(n)) {
+    checkTensorLike(op, inputTensors[j], inputTensors[0], "input");
+    checkTensorLike(op, outputTensors[j], inputTensors[0], "output");
+  }
+  Step step(op);
+  std::vector<tcc_buf_t> sends;
+  std::vector<tcc_buf_t> recvs;
+  for (const auto j : c10::irange(n)) {
+    sends.push_back(step.buffers.input(inputTensors[j]));
+    recvs.push_back(step.buffers.output(outputTensors[j]));
+  }
+  step.call = [sends, recvs](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_alltoall(c, sends.data(), recvs.data(), o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::ALLTOALL, opts.timeout, std::move(steps), outputTensors, inputTensors);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::barrier(const c10d::BarrierOptions& opts) {
+  const char* op = "barrier";
+  Step step(op);
+  step.call = [](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) { return tcc_barrier(c, o, h); };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::BARRIER, opts.timeout, std::move(steps), {}, {});
+}
+
+// ---- point to point --------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> TccBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  const char* op = "send";
+  at::Tensor& tensor = singleTensor(op, tensors, "input");
+  const int peer = checkRank(op, "destination", dstRank, size_);
+  TCC_CHECK(peer != rank_, op, "rank ", rank_, " cannot send to itself");
+  Step step(op);
+  const tcc_buf_t buf = step.buffers.input(tensor);
+  step.call = [buf, peer, tag](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_send(c, buf, peer, coreTag(tag), o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::SEND, c10d::kUnsetTimeout, std::move(steps), tensors, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  const char* op = "recv";
+  at::Tensor& tensor = singleTensor(op, tensors, "output");
+  const int peer = checkRank(op, "source", srcRank, size_);
+  TCC_CHECK(peer != rank_, op, "rank ", rank_, " cannot receive from itself");
+  Step step(op);
+  const tcc_buf_t buf = step.buffers.output(tensor);
+  step.call = [buf, peer, tag](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_recv(c, buf, peer, coreTag(tag), o, h);
+  };
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, OpType::RECV, c10d::kUnsetTimeout, std::move(steps), tensors, {}, peer);
+}
+
+c10::intrusive_ptr<c10d::Work> TccBackend::recvAnysource(std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {
+  TORCH_CHECK(
+      false,
+      "tccomm: recvAnysource: receiving from any source is not supported; "
+      "pass the source rank (src=...)");
+}
+
+} // namespace tccomm

@@ -1,0 +1,164 @@
+// backend.hpp - the c10d::Backend of a tccomm group.
+//
+// One TccBackend per process group, holding the group's core communicator.
+// Each op validates its tensors (tensor_bufs.hpp), describes them as core
+// buffers, issues one core op per tensor (or per tensor pair), and returns a
+// TccWork over those ops (work.hpp). No collective algorithm lives here.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/headeronly/version.h>
+
+#include "tccomm.h"
+#include "tensor_bufs.hpp"
+#include "work.hpp"
+
+// torch 2.14 added Backend::gather_into_tensor (dist.gather_single).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#define TCCOMM_HAS_GATHER_INTO_TENSOR 1
+#endif
+
+namespace tccomm {
+
+class TccBackend final : public c10d::Backend {
+ public:
+  // Takes ownership of `comm`.
+  TccBackend(tcc_comm_t* comm, int rank, int size, std::chrono::milliseconds timeout, const std::string& name);
+  ~TccBackend() override;
+
+  const std::string getBackendName() const override {
+    return "tccomm";
+  }
+  c10::intrusive_ptr<Options> getBackendOptions() override {
+    return options_;
+  }
+  bool supportsCoalescing() const override {
+    return true;
+  }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+  c10d::ErrorType getError() override;
+  // Fails every pending and future op; the communicator is freed later.
+  void abort() override;
+  // Waits for issued ops, then frees the communicator.
+  void shutdown() override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputTensors,
+      std::vector<at::Tensor>& inputTensors,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& outputBuffer,
+      at::Tensor& inputBuffer,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputTensorLists,
+      std::vector<at::Tensor>& inputTensors,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> gather(
+      std::vector<std::vector<at::Tensor>>& outputTensors,
+      std::vector<at::Tensor>& inputTensors,
+      const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+#ifdef TCCOMM_HAS_GATHER_INTO_TENSOR
+  c10::intrusive_ptr<c10d::Work> gather_into_tensor(
+      at::Tensor& outputBuffer,
+      at::Tensor& inputBuffer,
+      const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+#endif
+  c10::intrusive_ptr<c10d::Work> scatter(
+      std::vector<at::Tensor>& outputTensors,
+      std::vector<std::vector<at::Tensor>>& inputTensors,
+      const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputTensors,
+      std::vector<std::vector<at::Tensor>>& inputTensors,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& outputBuffer,
+      at::Tensor& inputBuffer,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& outputBuffer,
+      at::Tensor& inputBuffer,
+      std::vector<int64_t>& outputSplitSizes,
+      std::vector<int64_t>& inputSplitSizes,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& outputTensors,
+      std::vector<at::Tensor>& inputTensors,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+ private:
+  // Issues one core op on the communicator.
+  using CoreCall = std::function<tcc_result_t(tcc_comm_t*, const tcc_op_opts_t*, tcc_op_t**)>;
+
+  // One validated core op, ready to issue: its buffers and the call.
+  struct Step {
+    explicit Step(const char* op) : buffers(op) {}
+    Buffers buffers;
+    double premulFactor = 1.0;
+    CoreCall call;
+  };
+
+  // Issues `steps` in order and wraps them in one TccWork. Everything that
+  // can be checked has been by now; this only fails when the core refuses.
+  c10::intrusive_ptr<c10d::Work> run(
+      const char* op,
+      c10d::OpType type,
+      std::chrono::milliseconds timeout,
+      std::vector<Step> steps,
+      std::vector<at::Tensor> outputs,
+      const std::vector<at::Tensor>& inputs,
+      int sourceRank = -1);
+  // Throws unless the communicator can take new ops. Caller holds mutex_.
+  void checkUsable(const char* op) const;
+  // Allgather of one tensor into one tensor of size x its elements.
+  Step allgatherIntoTensor(const char* op, at::Tensor& output, at::Tensor& input) const;
+  // Reduce-scatter of one tensor of size x the output's elements.
+  Step reduceScatterTensor(const char* op, at::Tensor& output, at::Tensor& input, const Reduction& red) const;
+
+  std::mutex mutex_; // guards everything below
+  tcc_comm_t* comm_; // nullptr once shut down
+  bool aborted_ = false;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<PendingOp>> coalescedOps_;
+  std::vector<at::Tensor> coalescedOutputs_;
+  std::vector<at::Tensor> coalescedInputs_;
+  c10::intrusive_ptr<Options> options_;
+};
+
+} // namespace tccomm

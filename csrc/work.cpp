@@ -1,0 +1,213 @@
+// work.cpp - see work.hpp.
+#include "work.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include <ATen/core/jit_type.h>
+#include <c10/util/Exception.h>
+
+namespace tccomm {
+
+namespace {
+
+thread_local bool tlsInCoreCallback = false;
+
+std::exception_ptr backendError(const std::string& message) {
+  return std::make_exception_ptr(c10::DistBackendError(
+      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
+}
+
+std::string coreFailure(const char* op, tcc_op_t* handle) {
+  const char* msg = tcc_op_error(handle);
+  if (msg != nullptr && msg[0] != '\0') {
+    return msg;
+  }
+  return std::string("tccomm: ") + op + ": " + tcc_result_string(tcc_op_result(handle));
+}
+
+} // namespace
+
+bool inCoreCallback() {
+  return tlsInCoreCallback;
+}
+
+// ---- PendingOp -------------------------------------------------------------
+
+PendingOp::PendingOp(const char* op, Buffers buffers) : op_(op), buffers_(std::move(buffers)) {}
+
+PendingOp::~PendingOp() {
+  tcc_op_release(handle_);
+}
+
+void PendingOp::start(const c10::intrusive_ptr<PendingOp>& self, tcc_op_t* handle) {
+  self->handle_ = handle;
+  // The callback owns one reference, given back in onComplete.
+  tcc_op_on_complete(handle, &PendingOp::onComplete, c10::intrusive_ptr<PendingOp>(self).release());
+}
+
+void PendingOp::onComplete(tcc_op_t* /*handle*/, void* arg) {
+  auto self = c10::intrusive_ptr<PendingOp>::reclaim(static_cast<PendingOp*>(arg));
+  const bool outer = !tlsInCoreCallback;
+  tlsInCoreCallback = true;
+  self->complete();
+  if (outer) {
+    tlsInCoreCallback = false;
+  }
+}
+
+void PendingOp::complete() {
+  std::exception_ptr error;
+  if (tcc_op_result(handle_) != TCC_OK) {
+    error = backendError(coreFailure(op_, handle_));
+  } else if (buffers_.hasCopyBack()) {
+    try {
+      buffers_.copyBack();
+    } catch (const std::exception& e) {
+      error = backendError(
+          std::string("tccomm: ") + op_ + ": copying the result into a non-contiguous output failed: " +
+          e.what());
+    }
+  }
+  // The data has landed: let the staging copies and inputs go.
+  buffers_.clear();
+
+  std::vector<c10::intrusive_ptr<TccWork>> listeners;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+    error_ = error;
+    listeners.swap(listeners_);
+  }
+  for (auto& work : listeners) {
+    work->opDone(*this);
+  }
+}
+
+void PendingOp::addListener(c10::intrusive_ptr<TccWork> work) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!done_) {
+      listeners_.push_back(std::move(work));
+      return;
+    }
+  }
+  work->opDone(*this);
+}
+
+std::exception_ptr PendingOp::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+// ---- TccWork ---------------------------------------------------------------
+
+TccWork::TccWork(
+    int rank,
+    c10d::OpType type,
+    const char* op,
+    std::vector<c10::intrusive_ptr<PendingOp>> ops,
+    std::vector<at::Tensor> outputs,
+    const std::vector<at::Tensor>& inputs,
+    int sourceRank)
+    : c10d::Work(rank, type, nullptr, inputs),
+      op_(op),
+      ops_(std::move(ops)),
+      outputs_(std::move(outputs)),
+      sourceRank_(sourceRank),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      remaining_(ops_.size()) {}
+
+c10::intrusive_ptr<TccWork> TccWork::create(
+    int rank,
+    c10d::OpType type,
+    const char* op,
+    std::vector<c10::intrusive_ptr<PendingOp>> ops,
+    std::vector<at::Tensor> outputs,
+    const std::vector<at::Tensor>& inputs,
+    int sourceRank) {
+  auto work =
+      c10::make_intrusive<TccWork>(rank, type, op, std::move(ops), std::move(outputs), inputs, sourceRank);
+  if (work->ops_.empty()) {
+    work->complete();
+  }
+  for (auto& pending : work->ops_) {
+    pending->addListener(work);
+  }
+  return work;
+}
+
+void TccWork::opDone(const PendingOp& op) {
+  if (auto error = op.error()) {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    if (!firstError_) {
+      firstError_ = error;
+    }
+  }
+  if (remaining_.fetch_sub(1) == 1) {
+    complete();
+  }
+}
+
+void TccWork::complete() {
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    error = firstError_;
+  }
+  finish(error);
+  // Continuations attached to the future run here, on this thread.
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+bool TccWork::wait(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const bool bounded = timeout != kNoTimeout;
+  const auto deadline = Clock::now() + timeout;
+  for (auto& pending : ops_) {
+    int64_t waitMs = -1; // no limit of our own: the op's timeout applies
+    if (bounded) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      waitMs = std::max<int64_t>(0, left.count());
+    }
+    if (tcc_op_wait(pending->handle(), waitMs) == TCC_ERR_INPROGRESS) {
+      C10_THROW_ERROR(
+          DistBackendError,
+          c10::str(
+              "tccomm: ",
+              op_,
+              ": Work.wait timed out after ",
+              timeout.count(),
+              " ms; the op is still running"));
+    }
+  }
+  // Every op has finished; the completion callbacks run before waiters
+  // wake, so this returns at once (it also orders us after copy-backs).
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return completed_; });
+  if (exception_) {
+    std::rethrow_exception(exception_);
+  }
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> TccWork::getFuture() {
+  return future_;
+}
+
+std::vector<at::Tensor> TccWork::result() {
+  return outputs_;
+}
+
+int TccWork::sourceRank() const {
+  if (sourceRank_ >= 0) {
+    return sourceRank_;
+  }
+  return c10d::Work::sourceRank();
+}
+
+} // namespace tccomm

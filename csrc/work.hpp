@@ -1,0 +1,110 @@
+// work.hpp - core op handles wrapped as c10d::Work.
+//
+// A PendingOp is one op of the core: its handle, and the buffers that must
+// outlive it. It owns the op's single completion callback (the core allows
+// one), runs the copies back into non-contiguous outputs, and then tells
+// every TccWork that includes it. A TccWork is what c10d sees: one or more
+// PendingOps (several for coalesced ops and for endCoalescing), completed
+// when the last of them completes.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "tccomm.h"
+#include "tensor_bufs.hpp"
+
+namespace tccomm {
+
+class TccWork;
+
+// True on a thread that is running a core completion callback (the core's
+// engine threads, or a thread inside tcc_op_wait): such a thread must not
+// destroy the communicator.
+bool inCoreCallback();
+
+class PendingOp : public c10::intrusive_ptr_target {
+ public:
+  PendingOp(const char* op, Buffers buffers);
+  ~PendingOp() override;
+
+  // Takes over `handle` (one reference) and registers the completion
+  // callback, which keeps this object (and so the buffers) alive until the
+  // core reports completion, whoever else lets go of it.
+  static void start(const c10::intrusive_ptr<PendingOp>& self, tcc_op_t* handle);
+
+  // Tells `work` when this op completes (at once if it already has).
+  void addListener(c10::intrusive_ptr<TccWork> work);
+
+  tcc_op_t* handle() const {
+    return handle_;
+  }
+  const char* name() const {
+    return op_;
+  }
+  // After completion: nullptr on success, else the error to raise.
+  std::exception_ptr error() const;
+
+ private:
+  static void onComplete(tcc_op_t* handle, void* arg);
+  void complete();
+
+  const char* op_;
+  tcc_op_t* handle_ = nullptr;
+  Buffers buffers_;
+  mutable std::mutex mutex_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::vector<c10::intrusive_ptr<TccWork>> listeners_;
+};
+
+class TccWork : public c10d::Work {
+ public:
+  // `outputs` is the future's value (the tensors c10d callers read).
+  static c10::intrusive_ptr<TccWork> create(
+      int rank,
+      c10d::OpType type,
+      const char* op,
+      std::vector<c10::intrusive_ptr<PendingOp>> ops,
+      std::vector<at::Tensor> outputs,
+      const std::vector<at::Tensor>& inputs,
+      int sourceRank = -1);
+
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  std::vector<at::Tensor> result() override;
+  int sourceRank() const override;
+
+  // Use create(), which also registers the work with its ops.
+  TccWork(
+      int rank,
+      c10d::OpType type,
+      const char* op,
+      std::vector<c10::intrusive_ptr<PendingOp>> ops,
+      std::vector<at::Tensor> outputs,
+      const std::vector<at::Tensor>& inputs,
+      int sourceRank);
+
+  // Called by each PendingOp when it completes.
+  void opDone(const PendingOp& op);
+
+ private:
+  void complete();
+
+  const char* op_;
+  std::vector<c10::intrusive_ptr<PendingOp>> ops_;
+  std::vector<at::Tensor> outputs_;
+  const int sourceRank_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<size_t> remaining_;
+  std::mutex errorMutex_;
+  std::exception_ptr firstError_;
+};
+
+} // namespace tccomm

@@ -1,0 +1,62 @@
+"""tccomm: a torch.distributed backend with a pure-C communication core.
+
+    import torchcomm_backend  # optional: the torch.backends entry point does it
+    torch.distributed.init_process_group("tccomm")
+
+Importing this package only registers the backend name "tccomm" with
+torch.distributed. The native extension (torchcomm_backend._C) is loaded the
+first time a tccomm process group is created.
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "load_extension"]
+
+_BACKEND_NAME = "tccomm"
+_DEVICES = ["cpu"]  # "cuda" joins once the core's CUDA path is built
+
+_extension = None
+
+
+def load_extension():
+    """Loads torchcomm_backend._C (once), which registers torch.ops.tccomm.*."""
+    global _extension
+    if _extension is None:
+        _extension = importlib.import_module("torchcomm_backend._C")
+    return _extension
+
+
+def _create_backend(opts, pg_options=None):
+    # Imported here so that registration stays cheap.
+    from torchcomm_backend._create import create
+
+    return create(opts, pg_options)
+
+
+def _register():
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    if _BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return  # registered already (re-import, reload, entry point + import)
+    dist.Backend.register_backend(
+        _BACKEND_NAME, _create_backend, extended_api=True, devices=list(_DEVICES)
+    )
+
+
+def _autoload():
+    """Entry point (torch.backends), called from inside `import torch`.
+
+    Registers the backend name with a lazy creator; loads nothing else.
+    """
+    _register()
+
+
+# torch is imported only now: when this package is imported before torch,
+# `import torch` runs the entry point, which needs _autoload defined above.
+import torch  # noqa: E402,F401
+
+_register()
