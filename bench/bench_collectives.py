@@ -1,0 +1,352 @@
+"""nccl-tests style benchmark of tccomm against gloo on CPU tensors.
+
+    python bench/bench_collectives.py                 # world sizes 2 and 4, 8 B .. 64 MiB
+    python bench/bench_collectives.py --quick         # up to 1 MiB, shorter timing
+    python bench/bench_collectives.py --worlds 2 --max-bytes 4M --ops allreduce
+
+For every world size the script spawns that many processes on this machine.
+Each process creates a tccomm group (the default group) and a gloo group over
+the same ranks, and every (op, size) point is measured on both, one after the
+other: warm-up, then timed iterations (fewer as the size grows, aiming at
+--time-per-point seconds per point). The time of a point is the slowest
+rank's average time per iteration, in microseconds, as in nccl-tests; algbw
+is size / time and busbw = algbw x factor:
+
+    allreduce 2(n-1)/n   allgather, reduce_scatter, alltoall (n-1)/n   broadcast 1
+
+"size" is the whole buffer as nccl-tests counts it (allgather: the gathered
+output; reduce_scatter: the input; alltoall: one rank's send buffer).
+The script also measures this machine's single-core memcpy bandwidth (torch
+copy_ of a 64 MiB tensor in one thread) and reports the large-message busbw
+of each backend as a fraction of it.
+
+Writes bench/results/bench_<time>.csv and .png (busbw vs size, tccomm solid,
+gloo dashed) and prints a table of ratios (gloo time / tccomm time: above 1
+means tccomm is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"]
+FACTOR = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
+ELEM = 4  # float32
+
+
+def parse_bytes(text: str) -> int:
+    text = text.strip().upper().rstrip("B")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if text.endswith(suffix):
+            text, mult = text[:-1], m
+    return int(float(text) * mult)
+
+
+def human(nbytes: int) -> str:
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= m and nbytes % m == 0:
+            return f"{nbytes // m} {unit}"
+    return f"{nbytes} B"
+
+
+# ---------------------------------------------------------------------------
+# worker (one rank)
+# ---------------------------------------------------------------------------
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backends = args.backends.split(",")
+    dist.init_process_group(backends[0], timeout=datetime.timedelta(seconds=300))
+    groups = {backends[0]: None}
+    for b in backends[1:]:
+        groups[b] = dist.new_group(list(range(world)), backend=b)
+    # Results are agreed on over a group that is not being measured right now.
+    ctl = groups[backends[-1]] if len(backends) > 1 else None
+
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def make(op, size_bytes):
+        """Returns (fn, actual size in bytes) for one iteration of `op`."""
+        count = max(1, size_bytes // ELEM)
+        if op == "allreduce":
+            t = torch.zeros(count)
+            return (lambda g: dist.all_reduce(t, group=g)), count * ELEM
+        if op == "broadcast":
+            t = torch.zeros(count)
+            return (lambda g: dist.broadcast(t, src=0, group=g)), count * ELEM
+        per = max(1, count // world)
+        if op == "allgather":
+            inp, out = torch.zeros(per), torch.empty(per * world)
+            return (lambda g: ag(out, inp, group=g)), per * world * ELEM
+        if op == "reduce_scatter":
+            inp, out = torch.zeros(per * world), torch.empty(per)
+            return (lambda g: rs(out, inp, group=g)), per * world * ELEM
+        if op == "alltoall":
+            inp, out = torch.zeros(per * world), torch.empty(per * world)
+            return (lambda g: dist.all_to_all_single(out, inp, group=g)), per * world * ELEM
+        raise ValueError(op)
+
+    def agree_max(value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctl)
+        return float(t.item())
+
+    out = open(args.results, "a") if rank == 0 else None
+    sizes = []
+    s = args.min_bytes
+    while s <= args.max_bytes:
+        sizes.append(s)
+        s *= 2
+    for op in args.ops.split(","):
+        for size in sizes:
+            fn, actual = make(op, size)
+            if actual != size:  # under one element per rank: no such point
+                continue
+            row = {}
+            for b in backends:
+                g = groups[b]
+                for _ in range(args.warmup):
+                    fn(g)
+                # calibrate: iterations for about --time-per-point seconds
+                dist.barrier(group=g)
+                t0 = time.perf_counter()
+                fn(g)
+                one = agree_max(time.perf_counter() - t0)
+                iters = int(min(args.max_iters, max(args.min_iters,
+                                                    args.time_per_point / max(one, 1e-7))))
+                dist.barrier(group=g)
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    fn(g)
+                elapsed = (time.perf_counter() - t0) / iters
+                elapsed = agree_max(elapsed)
+                row[b] = (elapsed, iters)
+                if out:
+                    algbw = actual / elapsed / 1e9
+                    out.write(json.dumps({
+                        "world": world, "backend": b, "op": op, "bytes": actual,
+                        "count": actual // ELEM, "dtype": "float32", "iters": iters,
+                        "time_us": elapsed * 1e6, "algbw_GBps": algbw,
+                        "busbw_GBps": algbw * FACTOR[op](world)}) + "\n")
+                    out.flush()
+            if rank == 0:
+                cells = "  ".join(f"{b}: {row[b][0] * 1e6:10.1f} us" for b in backends)
+                ratio = ""
+                if len(backends) > 1:
+                    ratio = f"  ratio {row[backends[1]][0] / row[backends[0]][0]:6.2f}x"
+                print(f"  n={world} {op:15s} {human(actual):>9s}  {cells}{ratio}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------
+# parent
+# ---------------------------------------------------------------------------
+
+
+def memcpy_bandwidth(nbytes: int = 64 << 20, reps: int = 10) -> float:
+    """Single-thread copy bandwidth in GB/s (bytes copied per second)."""
+    import torch
+    torch.set_num_threads(1)
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(args, world: int, results: str) -> None:
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   PYTHONWARNINGS="ignore::FutureWarning")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--results", results,
+               "--backends", args.backends, "--ops", args.ops,
+               "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
+               "--warmup", str(args.warmup), "--time-per-point", str(args.time_per_point),
+               "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters)]
+        procs.append(subprocess.Popen(cmd, env=env))
+    deadline = time.monotonic() + args.timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise SystemExit(f"world {world}: the benchmark did not finish within "
+                             f"{args.timeout} s")
+    bad = [p.returncode for p in procs if p.returncode != 0]
+    if bad:
+        raise SystemExit(f"world {world}: a rank failed (exit codes {bad})")
+
+
+def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
+    backends = args.backends.split(",")
+    csv_path = stem + ".csv"
+    with open(csv_path, "w", newline="") as f:
+        fields = ["world", "backend", "op", "bytes", "count", "dtype", "iters", "time_us",
+                  "algbw_GBps", "busbw_GBps", "busbw_fraction_of_memcpy"]
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "busbw_fraction_of_memcpy": r["busbw_GBps"] / memcpy})
+    print(f"\nwrote {csv_path}")
+
+    idx = {(r["world"], r["backend"], r["op"], r["bytes"]): r for r in rows}
+    worlds = sorted({r["world"] for r in rows})
+    ops = [op for op in args.ops.split(",")]
+    if len(backends) > 1:
+        a, b = backends[0], backends[1]
+        for world in worlds:
+            sizes = sorted({r["bytes"] for r in rows if r["world"] == world})
+            print(f"\n{b} time / {a} time (above 1: {a} is faster), {world} ranks")
+            print(f"{'size':>10s} " + " ".join(f"{op:>14s}" for op in ops))
+            for size in sizes:
+                cells = []
+                for op in ops:
+                    # ops round small sizes differently: match on the nominal row
+                    ra, rb = idx.get((world, a, op, size)), idx.get((world, b, op, size))
+                    cells.append(f"{rb['time_us'] / ra['time_us']:14.2f}" if ra and rb
+                                 else f"{'-':>14s}")
+                print(f"{human(size):>10s} " + " ".join(cells))
+
+    print(f"\nsingle-core memcpy bandwidth (torch copy_ of 64 MiB, 1 thread): "
+          f"{memcpy:.2f} GB/s")
+    for world in worlds:
+        for backend in backends:
+            lat = idx.get((world, backend, "allreduce", 8))
+            if lat:
+                print(f"8-byte allreduce latency, {world} ranks, {backend:7s}: "
+                      f"{lat['time_us']:9.1f} us")
+    for world in worlds:
+        for op in ops:
+            cand = [r for r in rows if r["world"] == world and r["op"] == op]
+            if not cand:
+                continue
+            big = max(r["bytes"] for r in cand)
+            parts = []
+            for backend in backends:
+                r = idx.get((world, backend, op, big))
+                if r:
+                    parts.append(f"{backend} {r['busbw_GBps']:6.2f} GB/s "
+                                 f"({100 * r['busbw_GBps'] / memcpy:5.1f}% of memcpy)")
+            print(f"largest {op:14s} ({human(big)}), {world} ranks: " + ", ".join(parts))
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
+        return
+    fig, axes = plt.subplots(len(worlds), len(ops), figsize=(4 * len(ops), 3.4 * len(worlds)),
+                             squeeze=False)
+    for i, world in enumerate(worlds):
+        for j, op in enumerate(ops):
+            ax = axes[i][j]
+            for k, backend in enumerate(backends):
+                pts = sorted((r["bytes"], r["busbw_GBps"]) for r in rows
+                             if r["world"] == world and r["op"] == op and r["backend"] == backend)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts],
+                            linestyle="-" if k == 0 else "--", marker=".", label=backend)
+            ax.axhline(memcpy, color="gray", linewidth=0.8, linestyle=":",
+                       label="1-core memcpy")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{op}, {world} ranks")
+            ax.set_xlabel("size (bytes)")
+            ax.set_ylabel("busbw (GB/s)")
+            ax.grid(True, which="both", linewidth=0.3)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=110)
+    print(f"wrote {stem}.png")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worlds", default="2,4", help="world sizes, e.g. 2,4")
+    p.add_argument("--backends", default="tccomm,gloo",
+                   help="the first is the default group; ratios are second / first")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--min-bytes", type=parse_bytes, default=8)
+    p.add_argument("--max-bytes", type=parse_bytes, default=64 << 20)
+    p.add_argument("--quick", action="store_true",
+                   help="sizes up to 1 MiB and shorter timing (a smoke run)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--time-per-point", type=float, default=0.25,
+                   help="seconds of timed iterations per (op, size, backend)")
+    p.add_argument("--min-iters", type=int, default=3)
+    p.add_argument("--max-iters", type=int, default=2000)
+    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    p.add_argument("--timeout", type=float, default=1800, help="per world size, seconds")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--results", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.quick:
+        args.max_bytes = min(args.max_bytes, 1 << 20)
+        args.time_per_point = min(args.time_per_point, 0.05)
+        args.warmup = min(args.warmup, 2)
+    if args.worker:
+        if "tccomm" in args.backends.split(","):
+            import torch  # noqa: F401  (the entry point registers tccomm)
+            import torchcomm_backend  # noqa: F401
+        worker(args)
+        return
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = os.path.join(args.out_dir, "bench_" + time.strftime("%Y%m%d-%H%M%S"))
+    raw = stem + ".jsonl"
+    memcpy = memcpy_bandwidth()
+    print(f"single-core memcpy bandwidth: {memcpy:.2f} GB/s; "
+          f"transport: TCCOMM_TRANSPORT={os.environ.get('TCCOMM_TRANSPORT', '(unset: auto)')}")
+    t0 = time.monotonic()
+    for world in [int(w) for w in args.worlds.split(",")]:
+        print(f"\n== {world} ranks, {args.backends}, {human(args.min_bytes)} .. "
+              f"{human(args.max_bytes)}", flush=True)
+        run_world(args, world, raw)
+    rows = [json.loads(line) for line in open(raw)]
+    os.remove(raw)
+    report(args, rows, memcpy, stem)
+    print(f"total {time.monotonic() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
