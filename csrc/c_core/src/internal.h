@@ -147,6 +147,13 @@ void tcc_coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out);
 tcc_result_t tcc_coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
                                  const void *const *descs, tcc_err_t *err);
 
+/* When data arriving for this rank could land on input it still has to
+ * send (outputs overlapping inputs, other than exact in-place use, which
+ * every algorithm handles), points *staged at a copy of c whose inputs are
+ * a private snapshot held in *mem (free it after the collective).
+ * Otherwise *staged = *c and *mem = NULL. Returns false when out of memory. */
+bool tcc_coll_snapshot_inputs(const tcc_coll_t *c, int n, int me, tcc_coll_t *staged, void **mem);
+
 /* ---- transports ------------------------------------------------------- */
 
 /* A transport carries collectives (run in issue order on the collective

@@ -16,6 +16,7 @@
  * publishes it in its result window for the others to copy in the next
  * stage. Small reductions go one-shot: every rank reduces everything.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "shm.h"
@@ -287,12 +288,22 @@ static tcc_result_t run_reduction(tcc_comm_t *comm, shm_state_t *st, const tcc_c
 tcc_result_t tcc_shm_run_collective(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq,
                                     int64_t deadline_ns, tcc_err_t *err) {
   shm_state_t *st = shm_of(comm);
+  tcc_coll_t staged;
+  void *snapshot;
+  if (!tcc_coll_snapshot_inputs(c, comm->size, comm->rank, &staged, &snapshot))
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory",
+                       tcc_coll_name(c->kind), comm->name, comm->rank);
+  tcc_result_t r;
   switch (c->kind) {
     case TCC_COLL_ALLREDUCE:
     case TCC_COLL_REDUCE:
     case TCC_COLL_REDUCE_SCATTER:
-      return run_reduction(comm, st, c, seq, deadline_ns, err);
+      r = run_reduction(comm, st, &staged, seq, deadline_ns, err);
+      break;
     default:
-      return run_movement(comm, st, c, seq, deadline_ns, err);
+      r = run_movement(comm, st, &staged, seq, deadline_ns, err);
+      break;
   }
+  free(snapshot);
+  return r;
 }

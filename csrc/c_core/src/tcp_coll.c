@@ -121,100 +121,6 @@ out:
   return r;
 }
 
-/* ---- inputs that overlap outputs -------------------------------------- */
-
-static bool overlap(const void *a, size_t alen, const void *b, size_t blen) {
-  if (!alen || !blen || !a || !b) return false;
-  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-  return x < y + blen && y < x + alen;
-}
-
-/* Whether the address range spanned by all inputs meets the one spanned
- * by the outputs peers write; if not, no input can overlap an output. */
-static bool alltoall_spans_meet(const tcc_coll_t *c, int n, int me, size_t es) {
-  uintptr_t in_lo = UINTPTR_MAX, in_hi = 0, out_lo = UINTPTR_MAX, out_hi = 0;
-  for (int j = 0; j < n; j++) {
-    size_t in_len = c->send_counts[j] * es, out_len = c->recv_counts[j] * es;
-    uintptr_t in = (uintptr_t)c->sends[j], out = (uintptr_t)c->recvs[j];
-    if (in && in_len) {
-      if (in < in_lo) in_lo = in;
-      if (in + in_len > in_hi) in_hi = in + in_len;
-    }
-    if (j != me && out && out_len) {
-      if (out < out_lo) out_lo = out;
-      if (out + out_len > out_hi) out_hi = out + out_len;
-    }
-  }
-  return in_lo < out_hi && out_lo < in_hi;
-}
-
-/* True when data arriving from peers (or a reduced chunk) could land on
- * input this rank still has to send. Exact in-place use (send == recv
- * for allreduce/reduce, recv == sends[me] for reduce-scatter) is safe by
- * construction: a peer only returns reduced bytes of a region after this
- * rank has sent its own contribution to that region. */
-static bool inputs_need_copy(const tcc_coll_t *c, int n, int me, size_t es) {
-  size_t bytes = c->count * es;
-  switch (c->kind) {
-  case TCC_COLL_GATHER:
-    if (me != c->root) return false;
-    /* fall through */
-  case TCC_COLL_ALLGATHER:
-    for (int j = 0; j < n; j++)
-      if (j != me && overlap(c->send, bytes, c->recvs[j], bytes)) return true;
-    return false;
-  case TCC_COLL_ALLREDUCE:
-  case TCC_COLL_REDUCE:
-    if (c->kind == TCC_COLL_REDUCE && me != c->root) return false;
-    return c->send != c->recv && overlap(c->send, bytes, c->recv, bytes);
-  case TCC_COLL_REDUCE_SCATTER:
-    for (int j = 0; j < n; j++)
-      if (overlap(c->sends[j], bytes, c->recv, bytes) && !(j == me && c->sends[j] == c->recv))
-        return true;
-    return false;
-  case TCC_COLL_ALLTOALL:
-    if (!alltoall_spans_meet(c, n, me, es)) return false; /* the usual case, in O(n) */
-    for (int i = 0; i < n; i++)
-      for (int j = 0; j < n; j++)
-        if (j != me && overlap(c->sends[i], c->send_counts[i] * es, c->recvs[j],
-                               c->recv_counts[j] * es))
-          return true;
-    return false;
-  default:
-    return false;
-  }
-}
-
-/* Points *staged at a private copy of the inputs of c (held in *mem). */
-static bool copy_inputs(const tcc_coll_t *c, int n, size_t es, tcc_coll_t *staged,
-                        void **mem) {
-  *staged = *c;
-  bool per_peer = c->kind == TCC_COLL_ALLTOALL || c->kind == TCC_COLL_REDUCE_SCATTER;
-  if (!per_peer) {
-    size_t bytes = c->count * es;
-    *mem = malloc(bytes);
-    if (!*mem) return false;
-    memcpy(*mem, c->send, bytes);
-    staged->send = *mem;
-    return true;
-  }
-  size_t total = 0;
-  for (int j = 0; j < n; j++)
-    total += (c->kind == TCC_COLL_ALLTOALL ? c->send_counts[j] : c->count) * es;
-  void **sends = malloc((size_t)n * sizeof(void *) + total);
-  if (!sends) return false;
-  uint8_t *p = (uint8_t *)(sends + n);
-  for (int j = 0; j < n; j++) {
-    size_t len = (c->kind == TCC_COLL_ALLTOALL ? c->send_counts[j] : c->count) * es;
-    sends[j] = p;
-    if (len) memcpy(p, c->sends[j], len);
-    p += len;
-  }
-  *mem = sends;
-  staged->sends = sends;
-  return true;
-}
-
 /* ---- data movement ---------------------------------------------------- */
 
 static void copy_local(void *dst, const void *src, size_t len) {
@@ -375,18 +281,13 @@ tcc_result_t tcp_run_collective(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t 
     r = tcc_err_set(err, TCC_ERR_INVALID, "%s: root %d out of range [0, %d)", pre,
                     c->root, st->n);
   if (r == TCC_OK) {
-    size_t es = tcc_dtype_size(c->dtype);
     tcc_coll_t staged;
     void *mem = NULL;
-    const tcc_coll_t *use = c;
-    if (inputs_need_copy(c, st->n, st->me, es)) {
-      if (!copy_inputs(c, st->n, es, &staged, &mem)) {
-        free(links);
-        return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
-      }
-      use = &staged;
+    if (!tcc_coll_snapshot_inputs(c, st->n, st->me, &staged, &mem)) {
+      free(links);
+      return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
     }
-    r = run_data(&x, use, deadline_ns, err);
+    r = run_data(&x, &staged, deadline_ns, err);
     free(mem);
   }
   free(links);
