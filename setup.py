@@ -14,7 +14,7 @@ One extension, two languages:
     standard torch's headers need (C++20 from torch 2.13 on; 2.14's headers
     refuse anything older).
 The result links against c10 and torch_cpu only (no torch_python, no
-pybind11) with an rpath to torch/lib.
+binding library) with an rpath to torch/lib.
 """
 
 import glob

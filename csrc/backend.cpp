@@ -326,6 +326,19 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
   return TccWork::create(rank_, type, op, std::move(ops), std::move(outputs), inputs, sourceRank);
 }
 
+c10::intrusive_ptr<c10d::Work> TccBackend::runOne(
+    const char* op,
+    OpType type,
+    std::chrono::milliseconds timeout,
+    Step step,
+    std::vector<at::Tensor> outputs,
+    const std::vector<at::Tensor>& inputs,
+    int sourceRank) {
+  std::vector<Step> steps;
+  steps.push_back(std::move(step));
+  return run(op, type, timeout, std::move(steps), std::move(outputs), inputs, sourceRank);
+}
+
 // ---- collectives -----------------------------------------------------------
 
 c10::intrusive_ptr<c10d::Work> TccBackend::broadcast(
@@ -340,9 +353,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::broadcast(
   step.call = [buf, root](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_broadcast(c, buf, root, o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::BROADCAST, opts.timeout, std::move(steps), tensors, tensors);
+  return runOne(op, OpType::BROADCAST, opts.timeout, std::move(step), tensors, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::allreduce(
@@ -358,9 +369,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allreduce(
   step.call = [buf, red](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_allreduce(c, buf, buf, red.op, o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::ALLREDUCE, opts.timeout, std::move(steps), tensors, tensors);
+  return runOne(op, OpType::ALLREDUCE, opts.timeout, std::move(step), tensors, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::allreduce_coalesced(
@@ -399,9 +408,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::reduce(
   step.call = [buf, red, root](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_reduce(c, buf, buf, red.op, root, o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::REDUCE, opts.timeout, std::move(steps), tensors, tensors);
+  return runOne(op, OpType::REDUCE, opts.timeout, std::move(step), tensors, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::allgather(
@@ -427,9 +434,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allgather(
   step.call = [send, recvs](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_allgather(c, send, recvs.data(), o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::ALLGATHER, opts.timeout, std::move(steps), outputs, inputTensors);
+  return runOne(op, OpType::ALLGATHER, opts.timeout, std::move(step), outputs, inputTensors);
 }
 
 TccBackend::Step TccBackend::allgatherIntoTensor(const char* op, at::Tensor& output, at::Tensor& input) const {
@@ -463,9 +468,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::_allgather_base(
     at::Tensor& inputBuffer,
     const c10d::AllgatherOptions& opts) {
   const char* op = "_allgather_base";
-  std::vector<Step> steps;
-  steps.push_back(allgatherIntoTensor(op, outputBuffer, inputBuffer));
-  return run(op, OpType::_ALLGATHER_BASE, opts.timeout, std::move(steps), {outputBuffer}, {inputBuffer});
+  return runOne(op, OpType::_ALLGATHER_BASE, opts.timeout, allgatherIntoTensor(op, outputBuffer, inputBuffer), {outputBuffer}, {inputBuffer});
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::allgather_coalesced(
@@ -571,9 +574,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::gather(
   step.call = [send, recvs, root, isRoot](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_gather(c, send, isRoot ? recvs.data() : nullptr, root, o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::GATHER, opts.timeout, std::move(steps), outputs, inputTensors);
+  return runOne(op, OpType::GATHER, opts.timeout, std::move(step), outputs, inputTensors);
 }
 
 #ifdef TCCOMM_HAS_GATHER_INTO_TENSOR
@@ -608,9 +609,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::gather_into_tensor(
   step.call = [send, recvs, root, isRoot](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_gather(c, send, isRoot ? recvs.data() : nullptr, root, o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::GATHER, opts.timeout, std::move(steps), {outputBuffer}, {inputBuffer});
+  return runOne(op, OpType::GATHER, opts.timeout, std::move(step), {outputBuffer}, {inputBuffer});
 }
 #endif
 
@@ -638,9 +637,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::scatter(
   step.call = [sends, recv, root, isRoot](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_scatter(c, isRoot ? sends.data() : nullptr, recv, root, o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::SCATTER, opts.timeout, std::move(steps), outputTensors, inputs);
+  return runOne(op, OpType::SCATTER, opts.timeout, std::move(step), outputTensors, inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::reduce_scatter(
@@ -668,9 +665,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::reduce_scatter(
   step.call = [sends, recv, red](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_reduce_scatter(c, sends.data(), recv, red.op, o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::REDUCE_SCATTER, opts.timeout, std::move(steps), outputTensors, inputs);
+  return runOne(op, OpType::REDUCE_SCATTER, opts.timeout, std::move(step), outputTensors, inputs);
 }
 
 TccBackend::Step TccBackend::reduceScatterTensor(
@@ -711,9 +706,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::_reduce_scatter_base(
   const char* op = "_reduce_scatter_base";
   checkTensor(op, outputBuffer, "output");
   const Reduction red = toReduction(op, opts.reduceOp, outputBuffer.scalar_type());
-  std::vector<Step> steps;
-  steps.push_back(reduceScatterTensor(op, outputBuffer, inputBuffer, red));
-  return run(op, OpType::_REDUCE_SCATTER_BASE, opts.timeout, std::move(steps), {outputBuffer}, {inputBuffer});
+  return runOne(op, OpType::_REDUCE_SCATTER_BASE, opts.timeout, reduceScatterTensor(op, outputBuffer, inputBuffer, red), {outputBuffer}, {inputBuffer});
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::reduce_scatter_tensor_coalesced(
@@ -760,9 +753,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::alltoall_base(
   step.call = [sends, recvs](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_alltoall(c, sends.data(), recvs.data(), o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::ALLTOALL_BASE, opts.timeout, std::move(steps), {outputBuffer}, {inputBuffer});
+  return runOne(op, OpType::ALLTOALL_BASE, opts.timeout, std::move(step), {outputBuffer}, {inputBuffer});
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::alltoall(
@@ -799,18 +790,14 @@ c10::intrusive_ptr<c10d::Work> TccBackend::alltoall(
   step.call = [sends, recvs](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_alltoall(c, sends.data(), recvs.data(), o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::ALLTOALL, opts.timeout, std::move(steps), outputTensors, inputTensors);
+  return runOne(op, OpType::ALLTOALL, opts.timeout, std::move(step), outputTensors, inputTensors);
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::barrier(const c10d::BarrierOptions& opts) {
   const char* op = "barrier";
   Step step(op);
   step.call = [](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) { return tcc_barrier(c, o, h); };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::BARRIER, opts.timeout, std::move(steps), {}, {});
+  return runOne(op, OpType::BARRIER, opts.timeout, std::move(step), {}, {});
 }
 
 // ---- point to point --------------------------------------------------------
@@ -825,9 +812,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::send(std::vector<at::Tensor>& tensors
   step.call = [buf, peer, tag](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_send(c, buf, peer, coreTag(tag), o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::SEND, c10d::kUnsetTimeout, std::move(steps), tensors, tensors);
+  return runOne(op, OpType::SEND, c10d::kUnsetTimeout, std::move(step), tensors, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
@@ -840,9 +825,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::recv(std::vector<at::Tensor>& tensors
   step.call = [buf, peer, tag](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_recv(c, buf, peer, coreTag(tag), o, h);
   };
-  std::vector<Step> steps;
-  steps.push_back(std::move(step));
-  return run(op, OpType::RECV, c10d::kUnsetTimeout, std::move(steps), tensors, {}, peer);
+  return runOne(op, OpType::RECV, c10d::kUnsetTimeout, std::move(step), tensors, {}, peer);
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::recvAnysource(std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {

@@ -144,6 +144,15 @@ class TccBackend final : public c10d::Backend {
       std::vector<at::Tensor> outputs,
       const std::vector<at::Tensor>& inputs,
       int sourceRank = -1);
+  // run() for the common case of a single core op.
+  c10::intrusive_ptr<c10d::Work> runOne(
+      const char* op,
+      c10d::OpType type,
+      std::chrono::milliseconds timeout,
+      Step step,
+      std::vector<at::Tensor> outputs,
+      const std::vector<at::Tensor>& inputs,
+      int sourceRank = -1);
   // Throws unless the communicator can take new ops. Caller holds mutex_.
   void checkUsable(const char* op) const;
   // Allgather of one tensor into one tensor of size x its elements.

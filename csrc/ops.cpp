@@ -1,6 +1,6 @@
 // ops.cpp - torch.ops.tccomm.*: the bootstrap of a tccomm group.
 //
-// No pybind11: Python reaches the C++ side only through these ops.
+// Python reaches the C++ side only through these TorchScript ops (no binding library).
 //   endpoint_open(addr)  opens this process's endpoint, returns its blob.
 //   endpoint_close(blob) closes an endpoint that will not be attached.
 //   attach(carrier, blobs, rank, size, timeout_ms, name)

@@ -3,7 +3,7 @@
 Every rank opens an endpoint, publishes its blob through the group's store,
 reads everyone else's, and hands them all to the core, which connects the
 ranks. The backend object travels back to torch.distributed through a
-throw-away ProcessGroup (the "carrier"), so no pybind11 is needed.
+throw-away ProcessGroup (the "carrier"), so no Python binding of our own is needed.
 """
 
 import datetime
