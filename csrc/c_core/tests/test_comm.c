@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "internal.h" /* tcc_blob_t, to fake other hosts */
 #include "tccomm.h"
 
 typedef struct rendezvous {
@@ -288,8 +289,18 @@ static void timeout_test(tcc_comm_t *comm) {
   CHECK(tcc_comm_status(comm) == TCC_ERR_TIMEOUT, "comm status after timeout");
 }
 
-static int run_group(int n, const char *transport, int64_t timeout_ms, const char *name, rank_fn fn) {
+/* How a group is set up:
+ *   "shm", "tcp"     that transport, forced;
+ *   "auto"           chosen from the endpoints (all on this host: shm);
+ *   "auto-hosts"     chosen, with every rank claiming its own host name (tcp);
+ *   "shm-hosts"      shm forced across "hosts": creation must fail. */
+static int run_group(int n, const char *spec, int64_t timeout_ms, const char *name, rank_fn fn) {
   rendezvous_t *rv = mmap(NULL, sizeof *rv, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  const int fake_hosts = strstr(spec, "-hosts") != NULL;
+  const tcc_transport_t transport = strncmp(spec, "auto", 4) == 0 ? TCC_TRANSPORT_AUTO
+                                    : strncmp(spec, "tcp", 3) == 0 ? TCC_TRANSPORT_TCP
+                                                                   : TCC_TRANSPORT_SHM;
+  const char *expected = transport == TCC_TRANSPORT_TCP || fake_hosts ? "tcp" : "shm";
   pid_t pids[8];
   for (int r = 0; r < n; r++) {
     pids[r] = fork();
@@ -301,18 +312,29 @@ static int run_group(int n, const char *transport, int64_t timeout_ms, const cha
       fprintf(stderr, "endpoint: %s\n", err);
       _exit(2);
     }
+    if (fake_hosts) {
+      tcc_blob_t b;
+      memcpy(&b, blob, sizeof b);
+      snprintf(b.hostname, sizeof b.hostname, "test-host-%d", r);
+      memcpy(blob, &b, sizeof b);
+    }
     memcpy(rv->blobs + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, blob, sizeof blob);
     atomic_fetch_add(&rv->published, 1);
     while (atomic_load(&rv->published) < n) usleep(1000);
-    tcc_comm_config_t cfg = {r, n, timeout_ms, name,
-                             strcmp(transport, "tcp") == 0 ? TCC_TRANSPORT_TCP : TCC_TRANSPORT_SHM};
+    tcc_comm_config_t cfg = {r, n, timeout_ms, name, transport};
     tcc_comm_t *comm;
-    if (tcc_comm_create(&cfg, ep, rv->blobs, &comm, err, sizeof err) != TCC_OK) {
+    tcc_result_t created = tcc_comm_create(&cfg, ep, rv->blobs, &comm, err, sizeof err);
+    if (strcmp(spec, "shm-hosts") == 0) {
+      CHECK(created == TCC_ERR_INVALID && strstr(err, "different hosts"), "shm across hosts: %s", err);
+      _exit(check_failures ? 1 : 0);
+    }
+    if (created != TCC_OK) {
       fprintf(stderr, "rank %d create: %s\n", r, err);
       _exit(2);
     }
-    CHECK(strcmp(tcc_comm_transport_name(comm), transport) == 0, "transport %s", tcc_comm_transport_name(comm));
-    fn(comm);
+    CHECK(strcmp(tcc_comm_transport_name(comm), expected) == 0, "%s: transport %s, expected %s", spec,
+          tcc_comm_transport_name(comm), expected);
+    if (fn) fn(comm);
     tcc_comm_destroy(comm);
     _exit(check_failures ? 1 : 0);
   }
@@ -332,6 +354,7 @@ static int run_group(int n, const char *transport, int64_t timeout_ms, const cha
 int main(int argc, char **argv) {
   const char *transports[] = {"shm", "tcp"};
   alarm(600); /* a hang fails the test instead of blocking CI */
+  unsetenv("TCCOMM_TRANSPORT"); /* the "auto" groups test the choice itself */
   int passed = 0, failed = 0;
   for (int t = 0; t < 2; t++) {
     if (argc > 1 && strcmp(argv[1], transports[t]) != 0) continue;
@@ -343,6 +366,15 @@ int main(int argc, char **argv) {
     int bad = run_group(2, transports[t], 500, "timeout-group", timeout_test);
     printf("%s %s timeout\n", bad ? "FAIL" : "ok  ", transports[t]);
     bad ? failed++ : passed++;
+  }
+  if (argc <= 1) {
+    /* The transport follows the endpoints' host identity unless forced. */
+    const char *specs[] = {"auto", "auto-hosts", "shm-hosts"};
+    for (int i = 0; i < 3; i++) {
+      int bad = run_group(3, specs[i], 60000, "choice-group", i < 2 ? test_mismatch : NULL);
+      printf("%s transport choice: %s\n", bad ? "FAIL" : "ok  ", specs[i]);
+      bad ? failed++ : passed++;
+    }
   }
   printf("test_comm: %d groups passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
