@@ -195,7 +195,19 @@ bool TccWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+void TccWork::startOps() {
+  for (auto& pending : ops_) {
+    tcc_op_start(pending->handle());
+  }
+}
+
+bool TccWork::isCompleted() {
+  startOps();
+  return c10d::Work::isCompleted();
+}
+
 c10::intrusive_ptr<c10::ivalue::Future> TccWork::getFuture() {
+  startOps();
   return future_;
 }
 

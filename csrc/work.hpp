@@ -77,6 +77,9 @@ class TccWork : public c10d::Work {
       int sourceRank = -1);
 
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // Both hand completion to code that does not wait: they make sure the
+  // core starts the ops at once (tcc_op_start).
+  bool isCompleted() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   int sourceRank() const override;
@@ -96,6 +99,8 @@ class TccWork : public c10d::Work {
 
  private:
   void complete();
+  // tcc_op_start on every op of this work.
+  void startOps();
 
   const char* op_;
   std::vector<c10::intrusive_ptr<PendingOp>> ops_;

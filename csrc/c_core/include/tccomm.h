@@ -194,6 +194,11 @@ tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms);
 tcc_result_t tcc_op_result(const tcc_op_t *op);
 /* The failure message; "" on success or while running. */
 const char *tcc_op_error(const tcc_op_t *op);
+/* Makes sure the op makes progress although no thread waits on it. Without
+ * it, an op nobody waits on may start a few milliseconds late (the engine
+ * does not wake a thread per submit). Call it when the op is handed to code
+ * that will not wait on it, e.g. a future or a completion poll. */
+void tcc_op_start(tcc_op_t *op);
 /* Calls fn(op, arg) exactly once when the op finishes, on the engine thread,
  * or at once on the calling thread if it already has. The callback must
  * not block on other ops of the same communicator. */

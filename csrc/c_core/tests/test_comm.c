@@ -258,13 +258,42 @@ static void test_mismatch(tcc_comm_t *comm) {
   CHECK(r == TCC_ERR_UNSUPPORTED, "bxor on float: %s", tcc_result_string(r));
 }
 
+/* A collective nobody waits on must still run: rank 0 issues it and then
+ * blocks on a message that rank 1 sends only after the collective. */
+static void test_unwaited_collective(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (n < 2) return;
+  float x = 1, token = 0;
+  tcc_op_t *coll, *p2p;
+  CHECK(tcc_allreduce(comm, host_buf(&x, 1, TCC_FLOAT32), host_buf(&x, 1, TCC_FLOAT32), TCC_SUM, NULL, &coll) ==
+            TCC_OK, "allreduce");
+  if (me == 0) {
+    CHECK(tcc_recv(comm, host_buf(&token, 1, TCC_FLOAT32), 1, 7, NULL, &p2p) == TCC_OK, "recv");
+    CHECK(tcc_op_wait(p2p, -1) == TCC_OK, "recv after an unwaited allreduce: %s", tcc_op_error(p2p));
+    CHECK(token == (float)n, "token %f", token);
+    tcc_op_release(p2p);
+  }
+  CHECK(tcc_op_wait(coll, -1) == TCC_OK, "allreduce: %s", tcc_op_error(coll));
+  tcc_op_release(coll);
+  if (me == 1) {
+    token = x;
+    CHECK(tcc_send(comm, host_buf(&token, 1, TCC_FLOAT32), 0, 7, NULL, &p2p) == TCC_OK, "send");
+    CHECK(tcc_op_wait(p2p, -1) == TCC_OK, "send: %s", tcc_op_error(p2p));
+    tcc_op_release(p2p);
+  }
+  CHECK(x == (float)n, "allreduce gave %f", x);
+}
+
 static void all_tests(tcc_comm_t *comm) {
+  test_unwaited_collective(comm);
   test_allreduce(comm);
   test_reduce_and_bcast(comm);
   test_gathers(comm);
   test_alltoall(comm);
   test_p2p(comm);
   test_mismatch(comm);
+  /* Again while the engine is busy (it polls rather than being woken). */
+  test_unwaited_collective(comm);
 }
 
 /* Rank 1 never joins the allreduce: rank 0 must time out naming it. */
