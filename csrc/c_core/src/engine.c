@@ -63,6 +63,8 @@ typedef struct peer_state {
   size_t in_discard;       /* bytes still to drop (size mismatch) */
   tcc_op_t *in_op;         /* receive being filled, or NULL */
   unexpected_msg_t *in_unexp; /* buffer being filled, or NULL */
+  tcc_result_t broken;        /* TCC_OK while the stream to this peer works */
+  char broken_msg[TCC_ERRLEN];
 } peer_state_t;
 
 struct tcc_engine {
@@ -385,11 +387,14 @@ static void adopt_new_p2p_ops(tcc_engine_t *e, tcc_op_t *list) {
     tcc_op_t *op = list;
     list = op->next;
     peer_state_t *ps = &e->peers[op->peer];
-    if (op->kind == TCC_OP_SEND) {
-      queue_push(&ps->send_head, &ps->send_tail, op);
-    } else if (!match_unexpected(e, ps, op)) {
-      queue_push(&ps->recv_head, &ps->recv_tail, op);
+    /* Messages that arrived before the stream broke still match. */
+    if (op->kind == TCC_OP_RECV && match_unexpected(e, ps, op)) continue;
+    if (ps->broken != TCC_OK) {
+      finish_p2p(e, op, ps->broken, ps->broken_msg);
+      continue;
     }
+    if (op->kind == TCC_OP_SEND) queue_push(&ps->send_head, &ps->send_tail, op);
+    else queue_push(&ps->recv_head, &ps->recv_tail, op);
   }
 }
 
@@ -421,24 +426,35 @@ static void expire_queue(tcc_comm_t *comm, tcc_op_t **head, tcc_op_t **tail, int
   }
 }
 
-/* Fails every p2p op whose deadline passed (or all of them if `all`). */
+/* Fails one peer's p2p ops whose deadline passed (or all of them if `all`). */
+static void expire_peer_ops(tcc_comm_t *comm, peer_state_t *ps, int64_t now, int all,
+                            tcc_result_t code, const char *cause) {
+  expire_queue(comm, &ps->send_head, &ps->send_tail, now, all, code, cause);
+  expire_queue(comm, &ps->recv_head, &ps->recv_tail, now, all, code, cause);
+  if (ps->in_op && (all || now > ps->in_op->deadline_ns)) {
+    tcc_op_t *op = ps->in_op;
+    ps->in_op = NULL;
+    ps->in_discard = ps->in_remaining;
+    ps->in_remaining = 0;
+    ps->in_dst = NULL;
+    finish_p2p(comm->engine, op, all ? code : TCC_ERR_TIMEOUT,
+               all ? cause : "timed out while the message was arriving");
+  }
+}
+
 static void expire_p2p_ops(tcc_comm_t *comm, int64_t now, int all, tcc_result_t code,
                            const char *cause) {
-  tcc_engine_t *e = comm->engine;
-  for (int p = 0; p < comm->size; p++) {
-    peer_state_t *ps = &e->peers[p];
-    expire_queue(comm, &ps->send_head, &ps->send_tail, now, all, code, cause);
-    expire_queue(comm, &ps->recv_head, &ps->recv_tail, now, all, code, cause);
-    if (ps->in_op && (all || now > ps->in_op->deadline_ns)) {
-      tcc_op_t *op = ps->in_op;
-      ps->in_op = NULL;
-      ps->in_discard = ps->in_remaining;
-      ps->in_remaining = 0;
-      ps->in_dst = NULL;
-      finish_p2p(e, op, all ? code : TCC_ERR_TIMEOUT,
-                 all ? cause : "timed out while the message was arriving");
-    }
-  }
+  for (int p = 0; p < comm->size; p++)
+    expire_peer_ops(comm, &comm->engine->peers[p], now, all, code, cause);
+}
+
+/* The stream to one peer failed (typically: it closed its communicator
+ * after its last op). Only ops involving that peer fail; the streams to
+ * the other peers carry on, as they would with separate connections. */
+static void break_peer(tcc_comm_t *comm, peer_state_t *ps, const tcc_err_t *err) {
+  ps->broken = err->code;
+  snprintf(ps->broken_msg, sizeof ps->broken_msg, "%s", err->msg);
+  expire_peer_ops(comm, ps, 0, 1, err->code, err->msg);
 }
 
 static void free_unexpected(tcc_engine_t *e, int size) {
@@ -490,19 +506,20 @@ static void *p2p_thread_main(void *arg) {
     }
 
     ssize_t moved = 0;
-    tcc_err_t err = {TCC_OK, {0}};
-    for (int p = 0; p < comm->size && err.code == TCC_OK; p++) {
-      if (p == comm->rank) continue; /* no self channel: peers are validated */
+    for (int p = 0; p < comm->size; p++) {
       peer_state_t *ps = &e->peers[p];
+      want_write[p] = false;
+      /* no self channel (peers are validated); nothing more from a broken one */
+      if (p == comm->rank || ps->broken != TCC_OK) continue;
+      tcc_err_t err = {TCC_OK, {0}};
       ssize_t n = progress_send(comm, p, ps, &err);
       if (n > 0) moved += n;
-      want_write[p] = ps->send_head != NULL;
-      n = progress_recv(comm, p, ps, &err);
-      if (n > 0) moved += n;
-    }
-    if (err.code != TCC_OK) {
-      tcc_comm_fail(comm, err.code, err.msg);
-      continue;
+      if (n >= 0) {
+        n = progress_recv(comm, p, ps, &err);
+        if (n > 0) moved += n;
+      }
+      if (err.code != TCC_OK) break_peer(comm, ps, &err);
+      else want_write[p] = ps->send_head != NULL;
     }
     int64_t now = tcc_now_ns();
     expire_p2p_ops(comm, now, 0, TCC_ERR_TIMEOUT, "check that the peer posts the matching operation");

@@ -284,6 +284,23 @@ static void test_unwaited_collective(tcc_comm_t *comm) {
   CHECK(x == (float)n, "allreduce gave %f", x);
 }
 
+/* Ranks 2.. leave (destroy their communicator) while 0 and 1 still talk:
+ * a peer that closed must not break the streams between the others. */
+static void test_peer_leaves_early(tcc_comm_t *comm) {
+  const int me = tcc_comm_rank(comm);
+  if (tcc_comm_size(comm) < 3 || me >= 2) return;
+  usleep(200 * 1000); /* long enough for the others to have closed */
+  int v = me == 0 ? 42 : 0;
+  tcc_op_t *op;
+  tcc_result_t r = me == 0 ? tcc_send(comm, host_buf(&v, 1, TCC_INT32), 1, 9, NULL, &op)
+                           : tcc_recv(comm, host_buf(&v, 1, TCC_INT32), 0, 9, NULL, &op);
+  CHECK(r == TCC_OK, "p2p after peers left: %s", tcc_comm_last_error(comm));
+  if (r != TCC_OK) return;
+  CHECK(tcc_op_wait(op, -1) == TCC_OK, "p2p after peers left: %s", tcc_op_error(op));
+  CHECK(v == 42, "p2p after peers left gave %d", v);
+  tcc_op_release(op);
+}
+
 static void all_tests(tcc_comm_t *comm) {
   test_unwaited_collective(comm);
   test_allreduce(comm);
@@ -294,6 +311,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_mismatch(comm);
   /* Again while the engine is busy (it polls rather than being woken). */
   test_unwaited_collective(comm);
+  test_peer_leaves_early(comm); /* last: ranks 2.. leave here */
 }
 
 /* Rank 1 never joins the allreduce: rank 0 must time out naming it. */
