@@ -1,6 +1,8 @@
 // backend.cpp - see backend.hpp.
 #include "backend.hpp"
+#include "rendezvous.hpp"
 
+#include <algorithm>
 #include <thread>
 #include <utility>
 
@@ -178,12 +180,52 @@ TccBackend::TccBackend(
     int rank,
     int size,
     std::chrono::milliseconds timeout,
-    const std::string& name)
+    const std::string& name,
+    std::string advertiseAddr)
     : c10d::Backend(rank, size),
       comm_(comm),
-      options_(c10::make_intrusive<Options>("tccomm", timeout)) {
+      options_(c10::make_intrusive<Options>("tccomm", timeout)),
+      advertiseAddr_(std::move(advertiseAddr)) {
   options_->group_name = name;
   init();
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> TccBackend::getBackendOptions() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return c10::make_intrusive<Options>(*options_);
+}
+
+c10::intrusive_ptr<c10d::Backend> TccBackend::split(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::vector<int>& ranks,
+    const c10::intrusive_ptr<Options>& opts) {
+  const char* op = "split";
+  TCC_CHECK(!ranks.empty(), op, "the list of ranks is empty");
+  std::vector<bool> seen(size_, false);
+  for (int r : ranks) {
+    TCC_CHECK(r >= 0 && r < size_, op, "rank ", r, " is not in this group of ", size_, " ranks");
+    TCC_CHECK(!seen[r], op, "rank ", r, " is listed twice");
+    seen[r] = true;
+  }
+  const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  if (me == ranks.end()) {
+    return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    checkUsable(op);
+  }
+  const auto timeout = opts ? opts->timeout : options_->timeout;
+  const std::string name = opts && !opts->group_name.empty()
+      ? opts->group_name
+      : c10::str(options_->group_name, ":split:", ranks);
+  auto child = createBackend(
+      store, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()), timeout, name, advertiseAddr_);
+  if (opts) {
+    child->options_->group_desc = opts->group_desc;
+    child->options_->global_ranks_in_group = opts->global_ranks_in_group;
+  }
+  return child;
 }
 
 TccBackend::~TccBackend() {
@@ -377,12 +419,11 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allreduce_coalesced(
     const c10d::AllreduceCoalescedOptions& opts) {
   const char* op = "allreduce_coalesced";
   TCC_CHECK(!tensors.empty(), op, "no tensors given");
-  for (const auto& t : tensors) {
-    checkTensorLike(op, t, tensors[0], "input");
-  }
-  const Reduction red = toReduction(op, opts.reduceOp, tensors[0].scalar_type());
   std::vector<Step> steps;
+  // Each tensor is its own core op: dtypes may differ between tensors.
   for (auto& tensor : tensors) {
+    checkTensor(op, tensor, "input");
+    const Reduction red = toReduction(op, opts.reduceOp, tensor.scalar_type());
     Step step(op);
     step.premulFactor = red.premulFactor;
     const tcc_buf_t buf = step.buffers.inout(tensor);
@@ -544,7 +585,8 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allgather_into_tensor_coalesced(
   TCC_CHECK(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ", inputs.size(), " inputs");
   std::vector<Step> steps;
   for (const auto i : c10::irange(inputs.size())) {
-    checkTensorLike(op, inputs[i], inputs[0], "input");
+    // Each pair is its own core op: dtypes may differ between pairs.
+    checkTensor(op, inputs[i], "input");
     steps.push_back(allgatherIntoTensor(op, outputs[i], inputs[i]));
   }
   return run(op, OpType::COALESCED, opts.timeout, std::move(steps), outputs, inputs);
@@ -716,11 +758,11 @@ c10::intrusive_ptr<c10d::Work> TccBackend::reduce_scatter_tensor_coalesced(
   const char* op = "reduce_scatter_tensor_coalesced";
   TCC_CHECK(!outputs.empty(), op, "no tensors given");
   TCC_CHECK(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ", inputs.size(), " inputs");
-  checkTensor(op, outputs[0], "output");
-  const Reduction red = toReduction(op, opts.reduceOp, outputs[0].scalar_type());
   std::vector<Step> steps;
+  // Each pair is its own core op: dtypes may differ between pairs.
   for (const auto i : c10::irange(outputs.size())) {
-    checkTensorLike(op, outputs[i], outputs[0], "output");
+    checkTensor(op, outputs[i], "output");
+    const Reduction red = toReduction(op, opts.reduceOp, outputs[i].scalar_type());
     steps.push_back(reduceScatterTensor(op, outputs[i], inputs[i], red));
   }
   return run(op, OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, std::move(steps), outputs, inputs);

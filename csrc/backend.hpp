@@ -28,16 +28,32 @@ namespace tccomm {
 
 class TccBackend final : public c10d::Backend {
  public:
-  // Takes ownership of `comm`.
-  TccBackend(tcc_comm_t* comm, int rank, int size, std::chrono::milliseconds timeout, const std::string& name);
+  // Takes ownership of `comm`. `advertiseAddr` is where this process's
+  // endpoints listen; groups split from this one use it too.
+  TccBackend(
+      tcc_comm_t* comm,
+      int rank,
+      int size,
+      std::chrono::milliseconds timeout,
+      const std::string& name,
+      std::string advertiseAddr);
   ~TccBackend() override;
 
   const std::string getBackendName() const override {
     return "tccomm";
   }
-  c10::intrusive_ptr<Options> getBackendOptions() override {
-    return options_;
+  // A copy: callers (ProcessGroup::splitGroup) edit what they get.
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  bool supportsSplitting() const override {
+    return true;
   }
+  // The ranks of `ranks` (ranks of this group; the order gives the new
+  // ranks) form a new group, created through `store`. Returns null on a
+  // rank that is not among them. Only the members take part.
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::vector<int>& ranks,
+      const c10::intrusive_ptr<Options>& opts) override;
   bool supportsCoalescing() const override {
     return true;
   }
@@ -168,6 +184,7 @@ class TccBackend final : public c10d::Backend {
   std::vector<at::Tensor> coalescedOutputs_;
   std::vector<at::Tensor> coalescedInputs_;
   c10::intrusive_ptr<Options> options_;
+  const std::string advertiseAddr_;
 };
 
 } // namespace tccomm

@@ -115,7 +115,6 @@ TccWork::TccWork(
       ops_(std::move(ops)),
       outputs_(std::move(outputs)),
       sourceRank_(sourceRank),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
       remaining_(ops_.size()) {}
 
 c10::intrusive_ptr<TccWork> TccWork::create(
@@ -156,11 +155,23 @@ void TccWork::complete() {
     error = firstError_;
   }
   finish(error);
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(futureMutex_);
+    futureDue_ = true;
+    future = future_;
+  }
+  if (future) {
+    completeFuture(*future, error);
+  }
+}
+
+void TccWork::completeFuture(c10::ivalue::Future& future, const std::exception_ptr& error) {
   // Continuations attached to the future run here, on this thread.
   if (error) {
-    future_->setError(error);
+    future.setError(error);
   } else {
-    future_->markCompleted(c10::IValue(outputs_));
+    future.markCompleted(c10::IValue(outputs_));
   }
 }
 
@@ -208,7 +219,25 @@ bool TccWork::isCompleted() {
 
 c10::intrusive_ptr<c10::ivalue::Future> TccWork::getFuture() {
   startOps();
-  return future_;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  bool alreadyDone = false;
+  {
+    std::lock_guard<std::mutex> lock(futureMutex_);
+    if (!future_) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+      alreadyDone = futureDue_;
+    }
+    future = future_;
+  }
+  if (alreadyDone) {
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(errorMutex_);
+      error = firstError_;
+    }
+    completeFuture(*future, error);
+  }
+  return future;
 }
 
 std::vector<at::Tensor> TccWork::result() {

@@ -99,6 +99,7 @@ class TccWork : public c10d::Work {
 
  private:
   void complete();
+  void completeFuture(c10::ivalue::Future& future, const std::exception_ptr& error);
   // tcc_op_start on every op of this work.
   void startOps();
 
@@ -106,7 +107,11 @@ class TccWork : public c10d::Work {
   std::vector<c10::intrusive_ptr<PendingOp>> ops_;
   std::vector<at::Tensor> outputs_;
   const int sourceRank_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // Made on the first getFuture(): most works are only waited on, and a
+  // future costs an allocation and a scan of the outputs when completed.
+  std::mutex futureMutex_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_; // guarded by futureMutex_
+  bool futureDue_ = false; // the work completed; guarded by futureMutex_
   std::atomic<size_t> remaining_;
   std::mutex errorMutex_;
   std::exception_ptr firstError_;

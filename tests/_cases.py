@@ -329,14 +329,17 @@ class Case:
     specs: tuple | None = None   # None: every "main" spec
     gloo_skip: str | None = None  # reason to skip when validating against gloo
     order: int = 0               # cases with a higher order run last
+    hang_limit: float = 0.0      # seconds without progress before it counts as hung,
+                                 # when longer than the harness's default
 
 
 REGISTRY: dict[str, Case] = {}
 
 
-def add(name, suite, fn, worlds=None, specs=None, gloo_skip=None, order=0, **params):
+def add(name, suite, fn, worlds=None, specs=None, gloo_skip=None, order=0, hang_limit=0.0,
+        **params):
     assert name not in REGISTRY, name
-    REGISTRY[name] = Case(name, suite, fn, params, worlds, specs, gloo_skip, order)
+    REGISTRY[name] = Case(name, suite, fn, params, worlds, specs, gloo_skip, order, hang_limit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,6 +362,9 @@ SPECS = [
     # Groups whose only purpose is a peer that never arrives (unusable afterwards).
     Spec("w3-shm-env-timeout", 3, "shm", "env", kind="timeout", pg_timeout=2.0),
     Spec("w2-tcp-env-timeout", 2, "tcp", "env", kind="timeout", pg_timeout=2.0),
+    # torch.compile and the parallelism stack (tests/_cases_parallel.py).
+    Spec("w2-shm-env-parallel", 2, "shm", "env", kind="parallel"),
+    Spec("w4-tcp-env-parallel", 4, "tcp", "env", kind="parallel"),
 ]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
@@ -1543,3 +1549,7 @@ add("timeout-peer_never_arrives", "timeout", c_timeout,
     specs=("w3-shm-env-timeout", "w2-tcp-env-timeout"))
 add("timeout-destroy_afterwards", "timeout", c_destroy_after_timeout,
     specs=("w3-shm-env-timeout", "w2-tcp-env-timeout"), order=99)
+
+
+# Registers the functional / compile / parallelism cases (it imports this module).
+import _cases_parallel  # noqa: E402,F401

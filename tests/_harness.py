@@ -76,6 +76,12 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def _hang_limit(case: str) -> float:
+    """A case's own hang limit (0 when it has none)."""
+    c = _cases.REGISTRY.get(case)
+    return c.hang_limit if c is not None else 0.0
+
+
 class Runner:
     """Runs each spec at most once per session and caches the per-case results."""
 
@@ -329,7 +335,8 @@ class Runner:
                     kill_all(f"rank {dead[0]} died ({_describe_exit(codes[dead[0]])}) "
                              f"during {phase[dead[0]]!r}; the others were killed")
                     break
-            limit = INIT_TIMEOUT if any(p == "<init>" for p in phase) else CASE_TIMEOUT
+            limit = (INIT_TIMEOUT if any(p == "<init>" for p in phase)
+                     else max([CASE_TIMEOUT] + [_hang_limit(p) for p in phase]))
             stuck = [q for q in range(n) if codes[q] is None and now - last_progress[q] > limit]
             if stuck:
                 kill_all(f"no progress for {limit:.0f} s on ranks {stuck} in cases "

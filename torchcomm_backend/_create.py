@@ -2,8 +2,9 @@
 
 Every rank opens an endpoint, publishes its blob through the group's store,
 reads everyone else's, and hands them all to the core, which connects the
-ranks. The backend object travels back to torch.distributed through a
-throw-away ProcessGroup (the "carrier"), so no Python binding of our own is needed.
+ranks (csrc/rendezvous.cpp). The backend object travels back to
+torch.distributed through a throw-away ProcessGroup (the "carrier"), so no
+Python binding of our own is needed.
 """
 
 import datetime
@@ -14,8 +15,6 @@ import torch
 import torch.distributed as dist
 
 from torchcomm_backend import load_extension
-
-_KEY_PREFIX = "tccomm/endpoint"
 
 
 def create(opts, pg_options=None):
@@ -33,15 +32,10 @@ def create(opts, pg_options=None):
     group_id = getattr(opts, "group_id", "")
     name = f"tccomm:{group_id}" if group_id else "default"
 
-    blob = torch.ops.tccomm.endpoint_open(advertise_address())
-    try:
-        blobs = _exchange_blobs(store, rank, size, blob, timeout, name)
-        carrier = dist.ProcessGroup(store, rank, size)
-        # attach consumes the endpoint, whatever happens.
-        torch.ops.tccomm.attach(carrier.boxed(), blobs, rank, size, timeout_ms, name)
-    except BaseException:
-        torch.ops.tccomm.endpoint_close(blob)  # a no-op once attach took it
-        raise
+    carrier = dist.ProcessGroup(store, rank, size)
+    # The rendezvous through the carrier's store happens in C++, where
+    # Backend::split uses it too.
+    torch.ops.tccomm.create(carrier.boxed(), rank, size, timeout_ms, name, advertise_address())
     return carrier._get_backend(torch.device("cpu"))
 
 
@@ -63,45 +57,6 @@ def advertise_address():
         except (OSError, ValueError):
             pass
     return "127.0.0.1"
-
-
-def _exchange_blobs(store, rank, size, blob, timeout, name):
-    """Publishes this rank's blob and returns every rank's, in rank order."""
-    # A group name (and so the store prefix) comes back after
-    # destroy_process_group(); the per-rank generation counter keeps this
-    # incarnation's keys apart from any earlier one's. Every rank counts the
-    # same creations, so all ranks agree on it.
-    generation = store.add(f"{_KEY_PREFIX}/generation/{rank}", 1)
-    prefix = f"{_KEY_PREFIX}/{generation}"
-    store.set(f"{prefix}/{rank}", bytes(blob.tolist()))
-    keys = [f"{prefix}/{r}" for r in range(size)]
-    try:
-        store.wait(keys, timeout)
-    except Exception as err:
-        missing = [r for r, key in enumerate(keys) if not _has_key(store, key)]
-        if not missing:
-            raise
-        raise dist.DistStoreError(
-            f"tccomm: creating '{name}' (rank {rank} of {size}): rank(s) {missing} "
-            f"did not publish their endpoint within {timeout} ({err})"
-        ) from err
-    parts = []
-    for key in keys:
-        value = store.get(key)
-        if len(value) != blob.numel():
-            raise RuntimeError(
-                f"tccomm: creating '{name}': the endpoint blob under '{key}' has "
-                f"{len(value)} bytes, expected {blob.numel()} (mixed tccomm versions?)"
-            )
-        parts.append(torch.frombuffer(bytearray(value), dtype=torch.uint8))
-    return torch.cat(parts)
-
-
-def _has_key(store, key):
-    try:
-        return store.check([key])
-    except Exception:
-        return False
 
 
 def _as_timedelta(timeout):

@@ -1,0 +1,342 @@
+// functional.cpp - tccomm's kernels for torch.ops._c10d_functional.
+//
+// torch implements the functional collectives (what funcol and torch.compile
+// emit) once for every backend, as CompositeExplicitAutograd kernels that go
+// through ProcessGroup's generic dispatch: ProcessGroup::allreduce -> the
+// c10d::allreduce_ op -> its CPU kernel -> Backend::allreduce. We register
+// kernels for the CPU key, which the dispatcher prefers to composite ones:
+//   * on a tccomm group they call the TccBackend directly and register the
+//     work, so torch's wait_tensor (not replaced) waits on it;
+//   * on any other group (gloo, a fake group, ...) they hand the untouched
+//     argument stack to torch's own kernel, captured before ours took its
+//     place, so those groups behave exactly as without tccomm.
+// The kernels are boxed: the group argument is `Any` (a group name or a
+// ProcessGroup object) and both forms are read from the IValue.
+//
+// TCCOMM_FUNCOL_FASTPATH=0 in the environment when the extension is loaded
+// skips the registration: every group then takes torch's kernels.
+// torch.ops.tccomm.functional_fast_path_calls() counts the ops served here.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/library.h>
+
+#include "backend.hpp"
+#include "tensor_bufs.hpp"
+
+namespace tccomm {
+namespace {
+
+// Per op: torch's kernel for the CPU key before ours, and where the group
+// argument sits among the op's arguments.
+struct OpInfo {
+  // A copy of the kernel our registration displaced; it stays callable (its
+  // validity token dies only with the operator, at exit).
+  std::optional<c10::SafeKernelFunction> torchKernel;
+  size_t numArgs = 0;
+  size_t groupArg = 0;
+};
+
+// Keeps the group's backend alive while an op uses it.
+c10::intrusive_ptr<c10d::Backend> tccBackendOf(const c10::IValue& group) {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  if (group.isString()) {
+    pg = c10d::resolve_process_group(group.toStringRef());
+  } else if (group.isCapsule()) {
+    // A ProcessGroup passed from Python reaches an `Any` argument as a
+    // capsule (torch's kernels read it the same way).
+    pg = c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(group.toCapsule());
+  } else if (group.isCustomClass()) {
+    pg = group.toCustomClass<c10d::ProcessGroup>();
+  }
+  if (!pg || !pg->hasBackendForDeviceType(c10::DeviceType::CPU)) {
+    return {};
+  }
+  auto backend = pg->getBackend(c10::DeviceType::CPU);
+  if (dynamic_cast<TccBackend*>(backend.get()) == nullptr) {
+    return {};
+  }
+  return backend;
+}
+
+// torch's functional collectives name reductions in lower case strings.
+c10d::ReduceOp reduceOpOf(const char* op, const std::string& name) {
+  static const std::pair<const char*, c10d::ReduceOp::RedOpType> kOps[] = {
+      {"sum", c10d::ReduceOp::SUM},
+      {"avg", c10d::ReduceOp::AVG},
+      {"product", c10d::ReduceOp::PRODUCT},
+      {"min", c10d::ReduceOp::MIN},
+      {"max", c10d::ReduceOp::MAX},
+      {"band", c10d::ReduceOp::BAND},
+      {"bor", c10d::ReduceOp::BOR},
+      {"bxor", c10d::ReduceOp::BXOR},
+  };
+  for (const auto& [text, type] : kOps) {
+    if (name == text) {
+      return c10d::ReduceOp(type);
+    }
+  }
+  TCC_CHECK(false, op, "unknown reduce op '", name, "'");
+}
+
+void checkGroupSize(const char* op, int64_t groupSize, const c10d::Backend& backend) {
+  TCC_CHECK(
+      groupSize == backend.getSize(),
+      op,
+      "group_size ",
+      groupSize,
+      " does not match the group's size ",
+      backend.getSize());
+}
+
+// The output of an all-gather: the input's shape with dim 0 x groupSize.
+at::Tensor allGatherOutput(const char* op, const at::Tensor& input, int64_t groupSize) {
+  TCC_CHECK(input.dim() > 0, op, "the input must have at least one dimension");
+  auto sizes = input.sizes().vec();
+  sizes[0] *= groupSize;
+  return at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// The output of a reduce-scatter: the input's shape with dim 0 / groupSize.
+at::Tensor reduceScatterOutput(const char* op, const at::Tensor& input, int64_t groupSize) {
+  TCC_CHECK(input.dim() > 0, op, "the input must have at least one dimension");
+  TCC_CHECK(
+      input.size(0) % groupSize == 0,
+      op,
+      "dim 0 of the input (",
+      input.size(0),
+      ") is not divisible by the group size ",
+      groupSize);
+  auto sizes = input.sizes().vec();
+  sizes[0] /= groupSize;
+  return at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+std::vector<int64_t> intsOf(const c10::IValue& v) {
+  if (v.isIntList()) {
+    return v.toIntVector();
+  }
+  std::vector<int64_t> out;
+  for (const c10::SymInt& s : v.toSymIntVector()) {
+    out.push_back(s.guard_int(__FILE__, __LINE__));
+  }
+  return out;
+}
+
+// One handler per op: runs it on a tccomm group and returns its result.
+// `args` are the op's arguments as the schema lists them.
+using Args = c10::ArrayRef<c10::IValue>;
+using Handler = c10::IValue (*)(const char* op, c10d::Backend& backend, Args args);
+
+// Functional ops leave their outputs in flight: wait_tensor waits on them.
+void registerWork(const std::vector<at::Tensor>& outputs, const c10::intrusive_ptr<c10d::Work>& work) {
+  for (const auto& t : outputs) {
+    c10d::register_work(t, work);
+  }
+}
+
+template <bool kInplace>
+c10::IValue allReduce(const char* op, c10d::Backend& backend, Args args) {
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = reduceOpOf(op, args[1].toStringRef());
+  at::Tensor t = args[0].toTensor();
+  if (!kInplace) {
+    t = t.clone(at::MemoryFormat::Contiguous);
+  }
+  std::vector<at::Tensor> tensors{t};
+  c10d::register_work(t, backend.allreduce(tensors, opts));
+  return kInplace ? args[0] : c10::IValue(std::move(t));
+}
+
+template <bool kInplace>
+c10::IValue allReduceCoalesced(const char* op, c10d::Backend& backend, Args args) {
+  c10d::AllreduceCoalescedOptions opts;
+  opts.reduceOp = reduceOpOf(op, args[1].toStringRef());
+  std::vector<at::Tensor> tensors = args[0].toTensorVector();
+  if (!kInplace) {
+    for (auto& t : tensors) {
+      t = t.clone(at::MemoryFormat::Contiguous);
+    }
+  }
+  registerWork(tensors, backend.allreduce_coalesced(tensors, opts));
+  return kInplace ? args[0] : c10::IValue(std::move(tensors));
+}
+
+// all_gather_into_tensor(input, group_size, group) and its _out form.
+template <bool kOut>
+c10::IValue allGather(const char* op, c10d::Backend& backend, Args args) {
+  const int64_t groupSize = args[1].toInt();
+  checkGroupSize(op, groupSize, backend);
+  at::Tensor input = args[0].toTensor();
+  at::Tensor output = kOut ? args[3].toTensor() : allGatherOutput(op, input, groupSize);
+  c10d::register_work(output, backend._allgather_base(output, input));
+  return output;
+}
+
+c10::IValue allGatherCoalesced(const char* op, c10d::Backend& backend, Args args) {
+  const int64_t groupSize = args[1].toInt();
+  checkGroupSize(op, groupSize, backend);
+  std::vector<at::Tensor> inputs = args[0].toTensorVector();
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(inputs.size());
+  for (const auto& t : inputs) {
+    outputs.push_back(allGatherOutput(op, t, groupSize));
+  }
+  registerWork(outputs, backend.allgather_into_tensor_coalesced(outputs, inputs));
+  return outputs;
+}
+
+// reduce_scatter_tensor(input, reduce_op, group_size, group) and its _out form.
+template <bool kOut>
+c10::IValue reduceScatter(const char* op, c10d::Backend& backend, Args args) {
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = reduceOpOf(op, args[1].toStringRef());
+  const int64_t groupSize = args[2].toInt();
+  checkGroupSize(op, groupSize, backend);
+  at::Tensor input = args[0].toTensor();
+  at::Tensor output = kOut ? args[4].toTensor() : reduceScatterOutput(op, input, groupSize);
+  c10d::register_work(output, backend._reduce_scatter_base(output, input, opts));
+  return output;
+}
+
+c10::IValue reduceScatterCoalesced(const char* op, c10d::Backend& backend, Args args) {
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = reduceOpOf(op, args[1].toStringRef());
+  const int64_t groupSize = args[2].toInt();
+  checkGroupSize(op, groupSize, backend);
+  std::vector<at::Tensor> inputs = args[0].toTensorVector();
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(inputs.size());
+  for (const auto& t : inputs) {
+    outputs.push_back(reduceScatterOutput(op, t, groupSize));
+  }
+  registerWork(outputs, backend.reduce_scatter_tensor_coalesced(outputs, inputs, opts));
+  return outputs;
+}
+
+// all_to_all_single(input, output_split_sizes, input_split_sizes, group):
+// the output has sum(output_split_sizes) rows, as in torch's kernel.
+c10::IValue allToAllSingle(const char* op, c10d::Backend& backend, Args args) {
+  at::Tensor input = args[0].toTensor();
+  std::vector<int64_t> outputSplits = intsOf(args[1]);
+  std::vector<int64_t> inputSplits = intsOf(args[2]);
+  TCC_CHECK(input.dim() > 0, op, "the input must have at least one dimension");
+  auto sizes = input.sizes().vec();
+  sizes[0] = 0;
+  for (int64_t s : outputSplits) {
+    sizes[0] += s;
+  }
+  at::Tensor output = at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+  c10d::register_work(output, backend.alltoall_base(output, input, outputSplits, inputSplits));
+  return output;
+}
+
+template <bool kInplace>
+c10::IValue broadcast(const char*, c10d::Backend& backend, Args args) {
+  c10d::BroadcastOptions opts;
+  opts.rootRank = args[1].toInt();
+  at::Tensor t = args[0].toTensor();
+  if (!kInplace) {
+    t = t.clone(at::MemoryFormat::Contiguous);
+  }
+  std::vector<at::Tensor> tensors{t};
+  c10d::register_work(t, backend.broadcast(tensors, opts));
+  return kInplace ? args[0] : c10::IValue(std::move(t));
+}
+
+struct FuncOp {
+  const char* name;
+  Handler handler;
+};
+
+// wait_tensor is not among them: torch's own finds our work in its registry.
+constexpr FuncOp kOps[] = {
+    {"all_reduce", allReduce<false>},
+    {"all_reduce_", allReduce<true>},
+    {"all_reduce_coalesced", allReduceCoalesced<false>},
+    {"all_reduce_coalesced_", allReduceCoalesced<true>},
+    {"all_gather_into_tensor", allGather<false>},
+    {"all_gather_into_tensor_out", allGather<true>},
+    {"all_gather_into_tensor_coalesced", allGatherCoalesced},
+    {"reduce_scatter_tensor", reduceScatter<false>},
+    {"reduce_scatter_tensor_out", reduceScatter<true>},
+    {"reduce_scatter_tensor_coalesced", reduceScatterCoalesced},
+    {"all_to_all_single", allToAllSingle},
+    {"broadcast", broadcast<false>},
+    {"broadcast_", broadcast<true>},
+};
+constexpr size_t kNumOps = sizeof(kOps) / sizeof(kOps[0]);
+
+OpInfo opInfo[kNumOps];
+
+// Ops served by this path since the process started: lets tests check that
+// tccomm groups take it and that other groups do not.
+std::atomic<int64_t> fastPathCalls{0};
+
+template <size_t kIndex>
+void kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const OpInfo& info = opInfo[kIndex];
+  auto backend = tccBackendOf(torch::jit::peek(*stack, info.groupArg, info.numArgs));
+  if (!backend) {
+    info.torchKernel->callBoxed(handle, keys, stack);
+    return;
+  }
+  fastPathCalls.fetch_add(1, std::memory_order_relaxed);
+  c10::IValue result = kOps[kIndex].handler(kOps[kIndex].name, *backend, torch::jit::last(*stack, info.numArgs));
+  torch::jit::drop(*stack, info.numArgs);
+  torch::jit::push(*stack, std::move(result));
+}
+
+bool fastPathEnabled() {
+  const char* v = std::getenv("TCCOMM_FUNCOL_FASTPATH");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+} // namespace
+} // namespace tccomm
+
+namespace tccomm {
+namespace {
+
+// Captures torch's CPU kernel of op kIndex, then installs ours in its place.
+template <size_t kIndex>
+void install(torch::Library& m) {
+  const char* name = kOps[kIndex].name;
+  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow((std::string("_c10d_functional::") + name).c_str(), "");
+  const auto& schema = handle.schema();
+  OpInfo& info = opInfo[kIndex];
+  info.numArgs = schema.arguments().size();
+  const auto groupArg = schema.argumentIndexWithName("group_name");
+  TORCH_INTERNAL_ASSERT(groupArg.has_value(), "tccomm: _c10d_functional::", name, " has no group_name argument");
+  info.groupArg = *groupArg;
+  info.torchKernel.emplace(handle.getComputedKernelForDispatchKey(c10::DispatchKey::CPU));
+  m.impl(name, torch::CppFunction::makeFromBoxedFunction<&kernel<kIndex>>());
+}
+
+template <size_t... kIndices>
+void installAll(torch::Library& m, std::index_sequence<kIndices...>) {
+  (install<kIndices>(m), ...);
+}
+
+} // namespace
+} // namespace tccomm
+
+TORCH_LIBRARY_FRAGMENT(tccomm, m) {
+  m.def("functional_fast_path_calls() -> int", [] { return tccomm::fastPathCalls.load(); });
+}
+
+TORCH_LIBRARY_IMPL(_c10d_functional, CPU, m) {
+  if (tccomm::fastPathEnabled()) {
+    tccomm::installAll(m, std::make_index_sequence<tccomm::kNumOps>());
+  }
+}
