@@ -212,6 +212,12 @@ void TccBackend::abort() {
   aborted_ = true;
 }
 
+tcc_comm_t* TccBackend::coreComm(const char* op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  checkUsable(op);
+  return comm_;
+}
+
 void TccBackend::checkUsable(const char* op) const {
   if (aborted_) {
     C10_THROW_ERROR(DistBackendError, c10::str("tccomm: ", op, ": the process group was aborted"));

@@ -51,6 +51,9 @@ class TccBackend final : public c10d::Backend {
   void abort() override;
   // Waits for issued ops, then frees the communicator.
   void shutdown() override;
+  // The core communicator, for features built on the same group (windows,
+  // csrc/window_ops.cpp); throws unless the group is usable. Stays owned here.
+  tcc_comm_t* coreComm(const char* op);
 
   c10::intrusive_ptr<c10d::Work> broadcast(
       std::vector<at::Tensor>& tensors,

@@ -3,7 +3,7 @@
 // Python reaches the C++ side only through these TorchScript ops (no binding library).
 //   endpoint_open(addr)  opens this process's endpoint, returns its blob.
 //   endpoint_close(blob) closes an endpoint that will not be attached.
-//   attach(carrier, blobs, rank, size, timeout_ms, name)
+//   attach(carrier, blobs, rank, size, timeout_ms, name, transport="auto")
 //                        creates the communicator from every rank's blob and
 //                        installs a TccBackend on `carrier` (a ProcessGroup),
 //                        from which Python takes it with _get_backend().
@@ -96,7 +96,8 @@ void attach(
     int64_t rank,
     int64_t size,
     int64_t timeoutMs,
-    std::string name) {
+    std::string name,
+    std::string transport) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "tccomm: attach: rank ", rank, " is out of range [0, ", size, ")");
   TORCH_CHECK(timeoutMs > 0, "tccomm: attach: the timeout must be positive, got ", timeoutMs, " ms");
   TORCH_CHECK(
@@ -121,7 +122,15 @@ void attach(
   cfg.size = static_cast<int>(size);
   cfg.timeout_ms = timeoutMs;
   cfg.name = name.c_str();
-  cfg.transport = TCC_TRANSPORT_AUTO;
+  // "auto" leaves the choice to the core (and TCCOMM_TRANSPORT).
+  TORCH_CHECK(
+      transport == "auto" || transport == "shm" || transport == "tcp",
+      "tccomm: attach: transport must be auto, shm or tcp, got '",
+      transport,
+      "'");
+  cfg.transport = transport == "shm" ? TCC_TRANSPORT_SHM
+      : transport == "tcp"           ? TCC_TRANSPORT_TCP
+                                     : TCC_TRANSPORT_AUTO;
   char err[512] = {0};
   tcc_comm_t* comm = nullptr;
   // Consumes ep whatever the result.
@@ -152,6 +161,6 @@ TORCH_LIBRARY(tccomm, m) {
   m.def("endpoint_close(Tensor blob) -> ()", &tccomm::endpointClose);
   m.def(
       "attach(__torch__.torch.classes.c10d.ProcessGroup carrier, Tensor blobs, int rank, "
-      "int size, int timeout_ms, str name) -> ()",
+      "int size, int timeout_ms, str name, str transport=\"auto\") -> ()",
       &tccomm::attach);
 }
