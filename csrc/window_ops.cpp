@@ -4,7 +4,7 @@
 // Python names a window by an integer handle. Each handle owns a shared
 // reference to the core window; every view handed out (window_view) holds
 // one too, so destroying the handle never unmaps memory a tensor still uses.
-//   window_create(pg, bytes, timeout_ms) -> int   collective over pg's group
+//   window_create(pg, bytes, timeout_ms) -> int   collective over pg's group (bytes -1: decline)
 //   window_put(win, src, dst, offset_bytes)       copy src into dst's buffer
 //   window_signal(win, dst) / window_wait_signal(win, peer, timeout_ms)
 //   window_view(win, rank, dtype, shape) -> Tensor  zero-copy view of a buffer
@@ -80,14 +80,17 @@ void throwIfFailed(const char* op, tcc_result_t r, const tcc_window_t* win) {
 }
 
 int64_t windowCreate(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int64_t bytes, int64_t timeoutMs) {
-  TORCH_CHECK(bytes >= 0, "tccomm: window_create: the size must not be negative, got ", bytes);
+  // -1: this rank declines (its caller found the buffer unusable); every
+  // rank's creation then fails at once instead of waiting for a timeout.
+  TORCH_CHECK(bytes >= -1, "tccomm: window_create: the size must not be negative, got ", bytes);
   auto backend = pg->getBackend(c10::DeviceType::CPU);
   auto* tcc = dynamic_cast<TccBackend*>(backend.get());
   TORCH_CHECK(tcc != nullptr, "tccomm: window_create: the group's CPU backend is not tccomm");
   tcc_comm_t* comm = tcc->coreComm("window_create");
   char err[512] = {0};
   tcc_window_t* raw = nullptr;
-  const tcc_result_t r = tcc_window_create(comm, static_cast<size_t>(bytes), timeoutMs, &raw, err, sizeof err);
+  const size_t size = bytes < 0 ? TCC_WINDOW_DECLINE : static_cast<size_t>(bytes);
+  const tcc_result_t r = tcc_window_create(comm, size, timeoutMs, &raw, err, sizeof err);
   if (r == TCC_ERR_TIMEOUT || r == TCC_ERR_ABORTED || r == TCC_ERR_REMOTE) {
     C10_THROW_ERROR(DistBackendError, c10::str("tccomm: window_create: ", err));
   }

@@ -398,6 +398,23 @@ def window_puts_signals_views(comm, rank, size):
 
 
 @case
+def window_bad_registration_fails_everywhere(comm, rank, size):
+    # Rank 0's tensor cannot be registered: every rank fails at once.
+    t = torch.zeros(4, 2).t() if rank == 0 else torch.zeros(8)
+    win = comm.new_window()
+    try:
+        win.tensor_register(t)
+    except (RuntimeError, ValueError) as e:
+        needle = "contiguous" if rank == 0 else "rank 0 could not register"
+        assert needle in str(e), e
+    else:
+        raise AssertionError("registration went through")
+    t = torch.ones(2)
+    comm.all_reduce(t, tc.ReduceOp.SUM, async_op=False)
+    check(t, torch.full((2,), float(size)), "all_reduce after the failed registration")
+
+
+@case
 def wait_signal_times_out(comm, rank, size):
     sub = comm.split(list(range(size)))
     win = sub.new_window()

@@ -45,17 +45,19 @@ class TorchCommWindow:
         op = "tensor_register"
         comm = self._comm
         comm._usable(op)
+        problem = _register_problem(tensor)
         if self._handle is not None:
-            raise RuntimeError(f"tccomm: window {op}: a tensor is registered already; "
-                               "call tensor_deregister() first")
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"tccomm: window {op}: expected a tensor, got {type(tensor).__name__}")
-        if tensor.device.type != "cpu":
-            raise RuntimeError(f"tccomm: window {op}: windows live in host shared memory; the tensor is "
-                               f"on {tensor.device} (CUDA windows are not supported yet)")
-        if not tensor.is_contiguous():
-            raise ValueError(f"tccomm: window {op}: the tensor must be contiguous")
+            problem = RuntimeError(f"tccomm: window {op}: a tensor is registered already; "
+                                   "call tensor_deregister() first")
         timeout_ms = _ms(comm._timeout)
+        if problem is not None:
+            # Still take part, declining: the other ranks then fail at once
+            # (naming this rank) instead of waiting for their timeout.
+            try:
+                torch.ops.tccomm.window_create(comm._pg.boxed(), -1, timeout_ms)
+            except Exception:  # noqa: BLE001  (the error to report is `problem`)
+                pass
+            raise problem
         try:
             handle = torch.ops.tccomm.window_create(comm._pg.boxed(), tensor.numel() * tensor.element_size(),
                                                     timeout_ms)
@@ -119,6 +121,18 @@ class TorchCommWindow:
         self._comm._begin(op, hints, None)
         if self._handle is None:
             raise RuntimeError(f"tccomm: window {op}: no tensor is registered (call tensor_register first)")
+
+
+def _register_problem(tensor):
+    """Why `tensor` cannot be registered (an exception to raise), or None."""
+    if not isinstance(tensor, torch.Tensor):
+        return TypeError(f"tccomm: window tensor_register: expected a tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        return RuntimeError(f"tccomm: window tensor_register: windows live in host shared memory; the tensor "
+                            f"is on {tensor.device} (CUDA windows are not supported yet)")
+    if not tensor.is_contiguous():
+        return ValueError("tccomm: window tensor_register: the tensor must be contiguous")
+    return None
 
 
 def _ms(timeout):

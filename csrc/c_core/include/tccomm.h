@@ -220,6 +220,11 @@ void tcc_op_release(tcc_op_t *op);
 
 typedef struct tcc_window tcc_window_t;
 
+/* `bytes` of a rank that cannot take part (its caller rejected the buffer):
+ * creation then fails on every rank at once, naming it, instead of leaving
+ * the others to wait for their timeout. */
+#define TCC_WINDOW_DECLINE SIZE_MAX
+
 /* Collective over `comm` (every rank calls it, in the same order relative
  * to the communicator's collectives). Each rank asks for `bytes` of its own
  * (they may differ); the buffers start zeroed. Blocks until every rank has

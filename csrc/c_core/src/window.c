@@ -29,6 +29,8 @@
 #define WIN_READY 0x7463776eu /* "tcwn" */
 #define WIN_HEADER_BYTES 4096
 #define WIN_PAGE 4096
+/* Keeps the layout arithmetic far from overflow (64 TiB per rank). */
+#define WIN_MAX_BYTES ((uint64_t)1 << 46)
 
 typedef struct win_header {
   atomic_uint ready; /* WIN_READY once rank 0 sized the segment */
@@ -84,7 +86,7 @@ static win_ctrl_t *ctrl_of(const tcc_window_t *win, int r) {
   return (win_ctrl_t *)(win->base + WIN_HEADER_BYTES + (size_t)r * win->ctrl_stride);
 }
 
-/* Runs a blocking collective of `comm` issued by `call`. */
+/* Waits for a collective of `comm` just issued (r: the result of issuing it). */
 static tcc_result_t wait_coll(tcc_comm_t *comm, tcc_result_t r, tcc_op_t *op, tcc_err_t *err) {
   if (r != TCC_OK) return tcc_err_set(err, r, "%s", tcc_comm_last_error(comm));
   r = tcc_op_wait(op, -1);
@@ -212,11 +214,6 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
                 comm->name, comm->rank, comm->ops->name);
     goto fail;
   }
-  if (bytes > ((size_t)1 << 46)) {
-    tcc_err_set(&err, TCC_ERR_INVALID, "tccomm window on '%s' (rank %d): %zu bytes is too large", comm->name,
-                comm->rank, bytes);
-    goto fail;
-  }
   if (timeout_ms <= 0) timeout_ms = atomic_load(&comm->timeout_ms);
   const int n = comm->size;
   win = calloc(1, sizeof *win);
@@ -237,6 +234,22 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
 
   const int64_t deadline = tcc_now_ns() + timeout_ms * 1000000LL;
   if (exchange_hellos(comm, bytes, timeout_ms, hellos, &err) != TCC_OK) goto fail;
+  /* Checked after the exchange, on every rank alike: one rank's bad size
+   * fails the creation everywhere at once instead of leaving peers waiting. */
+  for (int r = 0; r < n; r++) {
+    if (hellos[r].bytes == (uint64_t)TCC_WINDOW_DECLINE) {
+      tcc_err_set(&err, TCC_ERR_INVALID,
+                  "tccomm window on '%s' (rank %d): rank %d could not register its buffer (its own error says why)",
+                  comm->name, comm->rank, r);
+      goto fail;
+    }
+    if (hellos[r].bytes > WIN_MAX_BYTES) {
+      tcc_err_set(&err, TCC_ERR_INVALID, "tccomm window on '%s' (rank %d): rank %d asked for %llu bytes, more than "
+                  "the %llu a window buffer may have", comm->name, comm->rank, r,
+                  (unsigned long long)hellos[r].bytes, (unsigned long long)WIN_MAX_BYTES);
+      goto fail;
+    }
+  }
   layout(win, hellos);
   char name[64];
   segment_name(hellos[0].token, name);

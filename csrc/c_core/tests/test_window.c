@@ -82,6 +82,12 @@ static void test_puts_and_signals(tcc_comm_t *comm) {
   CHECK(tcc_barrier(comm, NULL, &op) == TCC_OK && tcc_op_wait(op, -1) == TCC_OK, "barrier");
   tcc_op_release(op);
   tcc_window_destroy(win);
+  /* One rank asking for too much fails the creation on every rank. */
+  r = tcc_window_create(comm, me == n - 1 ? ((size_t)1 << 50) : 8, 0, &win, err, sizeof err);
+  CHECK(r == TCC_ERR_INVALID && strstr(err, "more than"), "too large: %s", err);
+  /* A rank that declines fails the creation on every rank, naming it. */
+  r = tcc_window_create(comm, me == 0 ? TCC_WINDOW_DECLINE : 8, 0, &win, err, sizeof err);
+  CHECK(r == TCC_ERR_INVALID && strstr(err, "rank 0 could not register"), "declined: %s", err);
   /* A second window on the same communicator is independent. */
   r = tcc_window_create(comm, 16, 0, &win, err, sizeof err);
   CHECK(r == TCC_OK, "second create: %s", err);
