@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from torchcomm_backend import _options
-from torchcomm_backend._options import ReduceOp, to_c10d_op
+from torchcomm_backend._options import ReduceOp, to_c10d_op  # noqa: F401  (ReduceOp re-exported)
 
 BACKEND_NAME = "tccomm"
 
