@@ -181,11 +181,13 @@ TccBackend::TccBackend(
     int size,
     std::chrono::milliseconds timeout,
     const std::string& name,
-    std::string advertiseAddr)
+    std::string advertiseAddr,
+    tcc_transport_t transport)
     : c10d::Backend(rank, size),
       comm_(comm),
       options_(c10::make_intrusive<Options>("tccomm", timeout)),
-      advertiseAddr_(std::move(advertiseAddr)) {
+      advertiseAddr_(std::move(advertiseAddr)),
+      transport_(transport) {
   options_->group_name = name;
   init();
 }
@@ -220,7 +222,7 @@ c10::intrusive_ptr<c10d::Backend> TccBackend::split(
       ? opts->group_name
       : c10::str(options_->group_name, ":split:", ranks);
   auto child = createBackend(
-      store, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()), timeout, name, advertiseAddr_);
+      store, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()), timeout, name, advertiseAddr_, transport_);
   if (opts) {
     child->options_->group_desc = opts->group_desc;
     child->options_->global_ranks_in_group = opts->global_ranks_in_group;
@@ -252,6 +254,12 @@ void TccBackend::abort() {
     tcc_comm_abort(comm_);
   }
   aborted_ = true;
+}
+
+tcc_comm_t* TccBackend::coreComm(const char* op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  checkUsable(op);
+  return comm_;
 }
 
 void TccBackend::checkUsable(const char* op) const {

@@ -28,15 +28,17 @@ namespace tccomm {
 
 class TccBackend final : public c10d::Backend {
  public:
-  // Takes ownership of `comm`. `advertiseAddr` is where this process's
-  // endpoints listen; groups split from this one use it too.
+  // Takes ownership of `comm`. `advertiseAddr` (where this process's
+  // endpoints listen) and `transport` (the one asked for at creation) are
+  // used again for groups split from this one.
   TccBackend(
       tcc_comm_t* comm,
       int rank,
       int size,
       std::chrono::milliseconds timeout,
       const std::string& name,
-      std::string advertiseAddr);
+      std::string advertiseAddr,
+      tcc_transport_t transport);
   ~TccBackend() override;
 
   const std::string getBackendName() const override {
@@ -67,6 +69,9 @@ class TccBackend final : public c10d::Backend {
   void abort() override;
   // Waits for issued ops, then frees the communicator.
   void shutdown() override;
+  // The core communicator, for features built on the same group (windows,
+  // csrc/window_ops.cpp); throws unless the group is usable. Stays owned here.
+  tcc_comm_t* coreComm(const char* op);
 
   c10::intrusive_ptr<c10d::Work> broadcast(
       std::vector<at::Tensor>& tensors,
@@ -185,6 +190,7 @@ class TccBackend final : public c10d::Backend {
   std::vector<at::Tensor> coalescedInputs_;
   c10::intrusive_ptr<Options> options_;
   const std::string advertiseAddr_;
+  const tcc_transport_t transport_;
 };
 
 } // namespace tccomm

@@ -1,10 +1,12 @@
 // ops.cpp - torch.ops.tccomm.*: the bootstrap of a tccomm group.
 //
 // Python reaches the C++ side only through these TorchScript ops (no binding library).
-//   create(carrier, rank, size, timeout_ms, name, advertise_addr)
+//   create(carrier, rank, size, timeout_ms, name, advertise_addr, transport="auto")
 //       creates the group's communicator through the carrier's store
 //       (rendezvous.hpp) and installs a TccBackend on `carrier` (a
 //       ProcessGroup), from which Python takes it with _get_backend().
+//       transport: "auto" (the core decides; TCCOMM_TRANSPORT is honoured),
+//       "shm" or "tcp".
 #include <string>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -21,15 +23,25 @@ void create(
     int64_t size,
     int64_t timeoutMs,
     std::string name,
-    std::string advertiseAddr) {
+    std::string advertiseAddr,
+    std::string transport) {
   TORCH_CHECK(carrier->getStore(), "tccomm: create: the carrier process group has no store");
+  TORCH_CHECK(
+      transport == "auto" || transport == "shm" || transport == "tcp",
+      "tccomm: create: transport must be auto, shm or tcp, got '",
+      transport,
+      "'");
+  const tcc_transport_t choice = transport == "shm" ? TCC_TRANSPORT_SHM
+      : transport == "tcp"                          ? TCC_TRANSPORT_TCP
+                                                    : TCC_TRANSPORT_AUTO;
   auto backend = createBackend(
       carrier->getStore(),
       static_cast<int>(rank),
       static_cast<int>(size),
       std::chrono::milliseconds(timeoutMs),
       name,
-      advertiseAddr);
+      advertiseAddr,
+      choice);
   carrier->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, backend);
 }
 
@@ -39,6 +51,6 @@ void create(
 TORCH_LIBRARY(tccomm, m) {
   m.def(
       "create(__torch__.torch.classes.c10d.ProcessGroup carrier, int rank, int size, "
-      "int timeout_ms, str name, str advertise_addr) -> ()",
+      "int timeout_ms, str name, str advertise_addr, str transport=\"auto\") -> ()",
       &tccomm::create);
 }

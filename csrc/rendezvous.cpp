@@ -99,7 +99,8 @@ c10::intrusive_ptr<TccBackend> createBackend(
     int size,
     std::chrono::milliseconds timeout,
     const std::string& name,
-    const std::string& advertiseAddr) {
+    const std::string& advertiseAddr,
+    tcc_transport_t transport) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "tccomm: creating '", name, "': rank ", rank, " is out of range [0, ", size, ")");
   TORCH_CHECK(timeout.count() > 0, "tccomm: creating '", name, "': the timeout must be positive, got ", timeout.count(), " ms");
 
@@ -122,7 +123,7 @@ c10::intrusive_ptr<TccBackend> createBackend(
   cfg.size = size;
   cfg.timeout_ms = timeout.count();
   cfg.name = name.c_str();
-  cfg.transport = TCC_TRANSPORT_AUTO;
+  cfg.transport = transport;
   tcc_comm_t* comm = nullptr;
   err[0] = '\0';
   // Consumes the endpoint whatever the result.
@@ -134,7 +135,7 @@ c10::intrusive_ptr<TccBackend> createBackend(
             "tccomm: creating communicator '", name, "' (rank ", rank, " of ", size, ") failed: ",
             err[0] != '\0' ? err : tcc_result_string(r)));
   }
-  return c10::make_intrusive<TccBackend>(comm, rank, size, timeout, name, advertiseAddr);
+  return c10::make_intrusive<TccBackend>(comm, rank, size, timeout, name, advertiseAddr, transport);
 }
 
 } // namespace tccomm

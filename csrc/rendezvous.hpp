@@ -17,13 +17,15 @@ namespace tccomm {
 
 // Blocks until every rank has published its endpoint (or `timeout` passes,
 // naming the ranks that did not). `advertiseAddr` is the IPv4 address peers
-// use to reach this process.
+// use to reach this process; `transport` is the core's choice (AUTO: shared
+// memory when every rank is on this host, unless TCCOMM_TRANSPORT says otherwise).
 c10::intrusive_ptr<TccBackend> createBackend(
     const c10::intrusive_ptr<c10d::Store>& store,
     int rank,
     int size,
     std::chrono::milliseconds timeout,
     const std::string& name,
-    const std::string& advertiseAddr);
+    const std::string& advertiseAddr,
+    tcc_transport_t transport);
 
 } // namespace tccomm

@@ -44,3 +44,13 @@ def test_allreduce_example(transport):
 def test_ddp_example():
     out = torchrun("ddp_train.py", 2, "--steps", "30")
     assert out.count("identical to rank 0's") == 2, out
+
+
+@pytest.mark.parametrize("script,what", [("torchcomm_allreduce.py", "torchcomm api"),
+                                         ("torchcomm_window.py", "torchcomm window")])
+def test_torchcomm_examples(script, what):
+    if _harness.BACKEND != "tccomm":
+        pytest.skip(f"the TorchComm-style API is tccomm's own (backend under test: {_harness.BACKEND})")
+    out = torchrun(script, 2)
+    found = re.findall(rf"rank (\d)/2 {what}: (OK|FAILED.*)", out)
+    assert sorted(found) == [("0", "OK"), ("1", "OK")], out

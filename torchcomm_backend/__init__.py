@@ -6,13 +6,32 @@
 Importing this package only registers the backend name "tccomm" with
 torch.distributed. The native extension (torchcomm_backend._C) is loaded the
 first time a tccomm process group is created.
+
+The TorchComm-style API (torchcomm_backend.comm) is loaded on first use:
+
+    comm = torchcomm_backend.new_comm("tccomm", torch.device("cpu"))
+    comm.all_reduce(t, torchcomm_backend.ReduceOp.SUM, async_op=False)
 """
 
 import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_extension"]
+__all__ = ["__version__", "load_extension", "new_comm", "ReduceOp", "TorchComm", "TorchWork",
+           "TorchCommWindow"]
+
+# name -> module of the lazily loaded API (the entry point must stay cheap).
+_LAZY = {"new_comm": "comm", "TorchComm": "comm", "TorchWork": "comm",
+         "ReduceOp": "_options", "TorchCommWindow": "_window"}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchcomm_backend' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"torchcomm_backend.{module}"), name)
+    globals()[name] = value
+    return value
 
 _BACKEND_NAME = "tccomm"
 _DEVICES = ["cpu"]  # "cuda" joins once the core's CUDA path is built

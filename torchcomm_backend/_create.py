@@ -23,20 +23,27 @@ def create(opts, pg_options=None):
     opts: torch's _DistributedBackendOptions (store already prefixed for the
     group and device, group_rank, group_size, timeout, group_id).
     """
-    load_extension()
-    store = opts.store
-    rank = opts.group_rank
-    size = opts.group_size
     timeout = _as_timedelta(opts.timeout)
-    timeout_ms = max(1, int(timeout.total_seconds() * 1000))
     group_id = getattr(opts, "group_id", "")
     name = f"tccomm:{group_id}" if group_id else "default"
+    carrier = create_group(opts.store, opts.group_rank, opts.group_size, timeout, name)
+    return carrier._get_backend(torch.device("cpu"))
 
+
+def create_group(store, rank, size, timeout, name, transport="auto"):
+    """Rendezvous through `store` and a ProcessGroup carrying a tccomm backend.
+
+    Shared by the c10d creator above and torchcomm_backend.new_comm.
+    transport: "auto" (the core decides; TCCOMM_TRANSPORT is honoured), "shm" or "tcp".
+    """
+    load_extension()
+    timeout_ms = max(1, int(_as_timedelta(timeout).total_seconds() * 1000))
     carrier = dist.ProcessGroup(store, rank, size)
     # The rendezvous through the carrier's store happens in C++, where
     # Backend::split uses it too.
-    torch.ops.tccomm.create(carrier.boxed(), rank, size, timeout_ms, name, advertise_address())
-    return carrier._get_backend(torch.device("cpu"))
+    torch.ops.tccomm.create(carrier.boxed(), rank, size, timeout_ms, name,
+                            advertise_address(), transport)
+    return carrier
 
 
 def advertise_address():

@@ -207,6 +207,53 @@ void tcc_op_on_complete(tcc_op_t *op, tcc_op_callback_t fn, void *arg);
 void tcc_op_retain(tcc_op_t *op);
 void tcc_op_release(tcc_op_t *op);
 
+/* ---- windows (one-sided RMA over shared memory) ----------------------- */
+/* A window gives every rank of a communicator a buffer that every other
+ * rank can write (put) and read (a mapped view) without the owner taking
+ * part, plus per-pair signal counters to say "my puts are done". It lives in
+ * one shared-memory segment, so it needs ranks on one host: creation fails
+ * with TCC_ERR_UNSUPPORTED on a communicator that uses TCP.
+ *
+ * Ordering: puts and signals from one rank to another are seen in the order
+ * they were made; a wait_signal that returns guarantees that every put the
+ * peer made before the matching signal is visible. */
+
+typedef struct tcc_window tcc_window_t;
+
+/* `bytes` of a rank that cannot take part (its caller rejected the buffer):
+ * creation then fails on every rank at once, naming it, instead of leaving
+ * the others to wait for their timeout. */
+#define TCC_WINDOW_DECLINE SIZE_MAX
+
+/* Collective over `comm` (every rank calls it, in the same order relative
+ * to the communicator's collectives). Each rank asks for `bytes` of its own
+ * (they may differ); the buffers start zeroed. Blocks until every rank has
+ * mapped the window, bounded by timeout_ms (<= 0: the communicator's).
+ * The window does not keep `comm`: it stays valid after the communicator
+ * is destroyed. On failure err holds the reason. */
+tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_ms, tcc_window_t **win,
+                               char *err, size_t errlen);
+int tcc_window_rank(const tcc_window_t *win);
+int tcc_window_size(const tcc_window_t *win);
+/* The mapped buffer of `rank` (this rank's own included) and its size in
+ * bytes; NULL for a rank out of range. Valid until tcc_window_destroy. */
+void *tcc_window_buffer(tcc_window_t *win, int rank, size_t *bytes);
+/* Copies `bytes` from src into the buffer of dst_rank at byte `offset`.
+ * Done when the call returns. */
+tcc_result_t tcc_window_put(tcc_window_t *win, const void *src, size_t bytes, int dst_rank,
+                            size_t offset);
+/* Bumps the counter this rank owns at dst_rank and wakes a waiter there. */
+tcc_result_t tcc_window_signal(tcc_window_t *win, int dst_rank);
+/* Waits until `peer` has signalled this rank once more than the signals
+ * already consumed, and consumes it. TCC_ERR_TIMEOUT after timeout_ms
+ * (<= 0: the window's default, the communicator's timeout at creation). */
+tcc_result_t tcc_window_wait_signal(tcc_window_t *win, int peer, int64_t timeout_ms);
+/* The message of the last failed call on this window ("" if none). */
+const char *tcc_window_last_error(const tcc_window_t *win);
+/* Unmaps this rank's view; local, never blocks. The memory itself lives
+ * until every rank has destroyed its window. */
+void tcc_window_destroy(tcc_window_t *win);
+
 #ifdef __cplusplus
 }
 #endif

@@ -121,6 +121,11 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   if (r != TCC_OK && err.msg[0] == 0)
     tcc_err_set(&err, r, "tccomm %s on '%s' (rank %d) failed: %s", tcc_coll_name(op->coll.kind),
                 comm->name, comm->rank, tcc_result_string(r));
+  /* Transports do not know the op's own timeout (per-op or the default). */
+  if (r == TCC_ERR_TIMEOUT) {
+    size_t len = strlen(err.msg);
+    snprintf(err.msg + len, sizeof err.msg - len, " [timeout %lld ms]", (long long)op->timeout_ms);
+  }
   /* A mismatch is detected by every rank before data moves, so the
    * communicator stays usable; anything else leaves ranks out of step. */
   if (r != TCC_OK && r != TCC_ERR_MISMATCH && r != TCC_ERR_INVALID && r != TCC_ERR_UNSUPPORTED)

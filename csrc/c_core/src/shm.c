@@ -210,8 +210,10 @@ static int first_missing(shm_state_t *st, int n, int from, uint64_t stage) {
   return n;
 }
 
+/* The op's timeout is not known here (it may be a per-op one): the engine
+ * adds it to the message. */
 static tcc_result_t barrier_timeout(tcc_comm_t *comm, shm_state_t *st, const char *what, uint64_t seq,
-                                    uint64_t stage, int64_t timeout_ms, tcc_err_t *err) {
+                                    uint64_t stage, tcc_err_t *err) {
   char missing[256] = "";
   size_t len = 0;
   for (int j = 0; j < comm->size && len < sizeof missing - 16; j++) {
@@ -219,9 +221,9 @@ static tcc_result_t barrier_timeout(tcc_comm_t *comm, shm_state_t *st, const cha
       len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", j);
   }
   return tcc_err_set(err, TCC_ERR_TIMEOUT,
-                     "tccomm %s #%llu on '%s' (rank %d): timed out after %lld ms waiting for rank(s) %s "
+                     "tccomm %s #%llu on '%s' (rank %d): timed out waiting for rank(s) %s "
                      "(they did not call it, or are stuck in an earlier operation)",
-                     what, (unsigned long long)seq, comm->name, comm->rank, (long long)timeout_ms, missing);
+                     what, (unsigned long long)seq, comm->name, comm->rank, missing);
 }
 
 tcc_result_t tcc_shm_barrier(tcc_comm_t *comm, shm_state_t *st, int64_t deadline_ns, const char *what,
@@ -250,8 +252,7 @@ tcc_result_t tcc_shm_barrier(tcc_comm_t *comm, shm_state_t *st, int64_t deadline
     int64_t now = tcc_now_ns();
     if (now > deadline_ns) {
       /* Leave the stage counter as is: the communicator is failed anyway. */
-      int64_t timeout_ms = atomic_load(&comm->timeout_ms);
-      return barrier_timeout(comm, st, what, seq, stage, timeout_ms, err);
+      return barrier_timeout(comm, st, what, seq, stage, err);
     }
     if (yields < 64) {
       sched_yield();

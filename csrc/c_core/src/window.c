@@ -1,0 +1,364 @@
+/*
+ * window.c - one-sided RMA windows over shared memory (see tccomm.h).
+ *
+ * One segment per window, created by rank 0 under a name made of 16 random
+ * bytes, mode 0600, and unlinked as soon as every rank has mapped it (as the
+ * transport's own segment in shm.c). Layout, identical on every rank because
+ * each computes it from the same allgathered sizes:
+ *
+ *   header (4 KiB) | per-rank control: futex word, sleepers, n signal counters
+ *                  | per-rank data buffers, each page aligned
+ *
+ * Rank d's counter for src counts the signals src sent to d; d remembers how
+ * many it consumed, so signals never get lost or merged.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define WIN_READY 0x7463776eu /* "tcwn" */
+#define WIN_HEADER_BYTES 4096
+#define WIN_PAGE 4096
+/* Keeps the layout arithmetic far from overflow (64 TiB per rank). */
+#define WIN_MAX_BYTES ((uint64_t)1 << 46)
+
+typedef struct win_header {
+  atomic_uint ready; /* WIN_READY once rank 0 sized the segment */
+  atomic_int attached;
+  uint64_t total_bytes;
+} win_header_t;
+
+typedef struct win_ctrl {
+  atomic_uint futex;  /* bumped by a signal when someone sleeps */
+  atomic_int sleepers;
+  atomic_ullong sig[]; /* sig[src]: signals received from src */
+} win_ctrl_t;
+
+/* What every rank contributes to creation: its size and (rank 0's is used)
+ * the random segment token. */
+typedef struct win_hello {
+  uint64_t bytes;
+  uint8_t token[TCC_TOKEN_BYTES];
+} win_hello_t;
+
+struct tcc_window {
+  int rank;
+  int size;
+  char name[64];        /* the communicator's, for messages */
+  int64_t timeout_ms;
+  char *base;
+  size_t total;
+  size_t ctrl_stride;
+  size_t *off;          /* size entries: data offset of each rank */
+  size_t *bytes;        /* size entries: data bytes of each rank */
+  uint64_t *consumed;   /* size entries: signals consumed from each peer */
+  char last_error[TCC_ERRLEN];
+};
+
+static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+static void sleep_ns(long ns) {
+  struct timespec ts = {0, ns};
+  nanosleep(&ts, NULL);
+}
+
+static tcc_result_t win_fail(tcc_window_t *win, tcc_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static tcc_result_t win_fail(tcc_window_t *win, tcc_result_t code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(win->last_error, sizeof win->last_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static win_ctrl_t *ctrl_of(const tcc_window_t *win, int r) {
+  return (win_ctrl_t *)(win->base + WIN_HEADER_BYTES + (size_t)r * win->ctrl_stride);
+}
+
+/* Waits for a collective of `comm` just issued (r: the result of issuing it). */
+static tcc_result_t wait_coll(tcc_comm_t *comm, tcc_result_t r, tcc_op_t *op, tcc_err_t *err) {
+  if (r != TCC_OK) return tcc_err_set(err, r, "%s", tcc_comm_last_error(comm));
+  r = tcc_op_wait(op, -1);
+  if (r != TCC_OK) tcc_err_set(err, r, "%s", tcc_op_error(op));
+  tcc_op_release(op);
+  return r;
+}
+
+/* Every rank's hello, in rank order, through an allgather of the comm. */
+static tcc_result_t exchange_hellos(tcc_comm_t *comm, size_t bytes, int64_t timeout_ms, win_hello_t *all,
+                                    tcc_err_t *err) {
+  win_hello_t mine;
+  memset(&mine, 0, sizeof mine);
+  mine.bytes = bytes;
+  if (comm->rank == 0 && tcc_random_bytes(mine.token, sizeof mine.token) != TCC_OK)
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s': no random bytes for the segment name",
+                       comm->name);
+  const int n = comm->size;
+  tcc_buf_t *recvs = calloc((size_t)n, sizeof *recvs);
+  if (!recvs) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  for (int r = 0; r < n; r++) recvs[r] = (tcc_buf_t){&all[r], sizeof mine, TCC_UINT8, -1, NULL};
+  tcc_op_opts_t opts = {timeout_ms, 1.0};
+  tcc_op_t *op = NULL;
+  tcc_result_t r = tcc_allgather(comm, (tcc_buf_t){&mine, sizeof mine, TCC_UINT8, -1, NULL}, recvs, &opts, &op);
+  free(recvs);
+  return wait_coll(comm, r, op, err);
+}
+
+static void segment_name(const uint8_t token[TCC_TOKEN_BYTES], char out[64]) {
+  int len = snprintf(out, 64, "/tccomm-win-");
+  for (int i = 0; i < TCC_TOKEN_BYTES; i++) len += snprintf(out + len, 64 - (size_t)len, "%02x", token[i]);
+}
+
+static tcc_result_t create_segment(tcc_window_t *win, const char *name, tcc_err_t *err) {
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s' (rank 0): shm_open(%s) failed: %s",
+                       win->name, name, strerror(errno));
+  if (ftruncate(fd, (off_t)win->total) != 0) {
+    int e = errno;
+    close(fd);
+    shm_unlink(name);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s' (rank 0): cannot size it to %zu bytes: %s",
+                       win->name, win->total, strerror(e));
+  }
+  void *base = mmap(NULL, win->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s' (rank 0): mmap failed: %s", win->name,
+                       strerror(errno));
+  }
+  /* Fresh tmpfs pages are zero: counters and buffers start at 0. */
+  win_header_t *h = base;
+  h->total_bytes = win->total;
+  atomic_store(&h->ready, WIN_READY);
+  win->base = base;
+  return TCC_OK;
+}
+
+static tcc_result_t open_segment(tcc_window_t *win, const char *name, int64_t deadline, tcc_err_t *err) {
+  for (;;) {
+    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0 && errno != ENOENT)
+      return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s' (rank %d): shm_open(%s) failed: %s",
+                         win->name, win->rank, name, strerror(errno));
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == win->total) {
+      void *base = mmap(NULL, win->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+      if (base == MAP_FAILED)
+        return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s' (rank %d): mmap failed: %s", win->name,
+                           win->rank, strerror(errno));
+      if (atomic_load(&((win_header_t *)base)->ready) == WIN_READY) {
+        win->base = base;
+        return TCC_OK;
+      }
+      munmap(base, win->total);
+    } else if (fd >= 0) {
+      close(fd);
+    }
+    if (tcc_now_ns() > deadline)
+      return tcc_err_set(err, TCC_ERR_TIMEOUT,
+                         "tccomm window on '%s' (rank %d): timed out waiting for rank 0 to create the window",
+                         win->name, win->rank);
+    sleep_ns(200 * 1000);
+  }
+}
+
+static void window_free(tcc_window_t *win) {
+  if (!win) return;
+  if (win->base) munmap(win->base, win->total);
+  free(win->off);
+  free(win->bytes);
+  free(win->consumed);
+  free(win);
+}
+
+/* Offsets of control blocks and data buffers from the allgathered sizes. */
+static void layout(tcc_window_t *win, const win_hello_t *hellos) {
+  const int n = win->size;
+  win->ctrl_stride = align_up(sizeof(win_ctrl_t) + (size_t)n * sizeof(atomic_ullong), 64);
+  size_t at = align_up(WIN_HEADER_BYTES + (size_t)n * win->ctrl_stride, WIN_PAGE);
+  for (int r = 0; r < n; r++) {
+    win->off[r] = at;
+    win->bytes[r] = (size_t)hellos[r].bytes;
+    at += align_up(win->bytes[r], WIN_PAGE);
+  }
+  win->total = at;
+}
+
+tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_ms, tcc_window_t **out,
+                               char *errbuf, size_t errlen) {
+  tcc_err_t err = {TCC_OK, ""};
+  tcc_window_t *win = NULL;
+  win_hello_t *hellos = NULL;
+  if (!comm || !out) {
+    tcc_err_set(&err, TCC_ERR_INVALID, "tccomm window: no communicator or output handle given");
+    goto fail;
+  }
+  if (strcmp(comm->ops->name, "shm") != 0) {
+    tcc_err_set(&err, TCC_ERR_UNSUPPORTED,
+                "tccomm window on '%s' (rank %d): windows need the shared-memory transport (every rank on one "
+                "host), but this communicator uses %s",
+                comm->name, comm->rank, comm->ops->name);
+    goto fail;
+  }
+  if (timeout_ms <= 0) timeout_ms = atomic_load(&comm->timeout_ms);
+  const int n = comm->size;
+  win = calloc(1, sizeof *win);
+  hellos = calloc((size_t)n, sizeof *hellos);
+  if (win) {
+    win->off = calloc((size_t)n, sizeof *win->off);
+    win->bytes = calloc((size_t)n, sizeof *win->bytes);
+    win->consumed = calloc((size_t)n, sizeof *win->consumed);
+  }
+  if (!win || !hellos || !win->off || !win->bytes || !win->consumed) {
+    tcc_err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+    goto fail;
+  }
+  win->rank = comm->rank;
+  win->size = n;
+  win->timeout_ms = timeout_ms;
+  snprintf(win->name, sizeof win->name, "%s", comm->name);
+
+  const int64_t deadline = tcc_now_ns() + timeout_ms * 1000000LL;
+  if (exchange_hellos(comm, bytes, timeout_ms, hellos, &err) != TCC_OK) goto fail;
+  /* Checked after the exchange, on every rank alike: one rank's bad size
+   * fails the creation everywhere at once instead of leaving peers waiting. */
+  for (int r = 0; r < n; r++) {
+    if (hellos[r].bytes == (uint64_t)TCC_WINDOW_DECLINE) {
+      tcc_err_set(&err, TCC_ERR_INVALID,
+                  "tccomm window on '%s' (rank %d): rank %d could not register its buffer (its own error says why)",
+                  comm->name, comm->rank, r);
+      goto fail;
+    }
+    if (hellos[r].bytes > WIN_MAX_BYTES) {
+      tcc_err_set(&err, TCC_ERR_INVALID, "tccomm window on '%s' (rank %d): rank %d asked for %llu bytes, more than "
+                  "the %llu a window buffer may have", comm->name, comm->rank, r,
+                  (unsigned long long)hellos[r].bytes, (unsigned long long)WIN_MAX_BYTES);
+      goto fail;
+    }
+  }
+  layout(win, hellos);
+  char name[64];
+  segment_name(hellos[0].token, name);
+  if ((win->rank == 0 ? create_segment(win, name, &err) : open_segment(win, name, deadline, &err)) != TCC_OK)
+    goto fail;
+  /* The last rank to map the segment removes its name: after that a crash
+   * of any rank cannot leak it. Waiting for all keeps the name alive until
+   * everyone has it. */
+  win_header_t *h = (win_header_t *)win->base;
+  if (atomic_fetch_add(&h->attached, 1) + 1 == n) shm_unlink(name);
+  while (atomic_load(&h->attached) < n) {
+    if (tcc_now_ns() > deadline) {
+      int got = atomic_load(&h->attached);
+      shm_unlink(name);
+      tcc_err_set(&err, TCC_ERR_TIMEOUT,
+                  "tccomm window on '%s' (rank %d): timed out after %lld ms: only %d of %d ranks mapped it",
+                  win->name, win->rank, (long long)timeout_ms, got, n);
+      goto fail;
+    }
+    sleep_ns(50 * 1000);
+  }
+  free(hellos);
+  *out = win;
+  return TCC_OK;
+
+fail:
+  window_free(win);
+  free(hellos);
+  if (errbuf && errlen) snprintf(errbuf, errlen, "%s", err.msg);
+  return err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM;
+}
+
+int tcc_window_rank(const tcc_window_t *win) { return win->rank; }
+int tcc_window_size(const tcc_window_t *win) { return win->size; }
+const char *tcc_window_last_error(const tcc_window_t *win) { return win->last_error; }
+
+void *tcc_window_buffer(tcc_window_t *win, int rank, size_t *bytes) {
+  if (rank < 0 || rank >= win->size) {
+    if (bytes) *bytes = 0;
+    return NULL;
+  }
+  if (bytes) *bytes = win->bytes[rank];
+  return win->base + win->off[rank];
+}
+
+static tcc_result_t check_peer(tcc_window_t *win, const char *what, const char *role, int peer) {
+  if (peer >= 0 && peer < win->size) return TCC_OK;
+  return win_fail(win, TCC_ERR_INVALID, "tccomm window %s on '%s' (rank %d): %s rank %d is out of range [0, %d)",
+                  what, win->name, win->rank, role, peer, win->size);
+}
+
+tcc_result_t tcc_window_put(tcc_window_t *win, const void *src, size_t bytes, int dst_rank, size_t offset) {
+  tcc_result_t r = check_peer(win, "put", "destination", dst_rank);
+  if (r != TCC_OK) return r;
+  const size_t cap = win->bytes[dst_rank];
+  /* Written so that offset + bytes cannot overflow. */
+  if (offset > cap || bytes > cap - offset)
+    return win_fail(win, TCC_ERR_INVALID,
+                    "tccomm window put on '%s' (rank %d): %zu bytes at offset %zu do not fit the %zu-byte buffer "
+                    "of rank %d",
+                    win->name, win->rank, bytes, offset, cap, dst_rank);
+  if (bytes == 0) return TCC_OK;
+  if (!src) return win_fail(win, TCC_ERR_INVALID, "tccomm window put on '%s': no source buffer", win->name);
+  memcpy(win->base + win->off[dst_rank] + offset, src, bytes);
+  return TCC_OK;
+}
+
+tcc_result_t tcc_window_signal(tcc_window_t *win, int dst_rank) {
+  tcc_result_t r = check_peer(win, "signal", "destination", dst_rank);
+  if (r != TCC_OK) return r;
+  win_ctrl_t *c = ctrl_of(win, dst_rank);
+  /* seq_cst: orders the puts before it (release) and the sleepers check. */
+  atomic_fetch_add(&c->sig[win->rank], 1);
+  if (atomic_load(&c->sleepers) > 0) {
+    atomic_fetch_add(&c->futex, 1);
+    tcc_futex_wake_all(&c->futex);
+  }
+  return TCC_OK;
+}
+
+tcc_result_t tcc_window_wait_signal(tcc_window_t *win, int peer, int64_t timeout_ms) {
+  tcc_result_t r = check_peer(win, "wait_signal", "source", peer);
+  if (r != TCC_OK) return r;
+  if (timeout_ms <= 0) timeout_ms = win->timeout_ms;
+  win_ctrl_t *c = ctrl_of(win, win->rank);
+  const uint64_t want = win->consumed[peer] + 1;
+  const int64_t deadline = tcc_now_ns() + timeout_ms * 1000000LL;
+  for (int round = 0; atomic_load(&c->sig[peer]) < want; round++) {
+    int64_t now = tcc_now_ns();
+    if (now > deadline)
+      return win_fail(win, TCC_ERR_TIMEOUT,
+                      "tccomm window wait_signal on '%s' (rank %d): timed out after %lld ms waiting for signal #%llu "
+                      "from rank %d",
+                      win->name, win->rank, (long long)timeout_ms, (unsigned long long)want, peer);
+    if (round < 64) {
+      sched_yield();
+      continue;
+    }
+    atomic_fetch_add(&c->sleepers, 1);
+    unsigned v = atomic_load(&c->futex);
+    if (atomic_load(&c->sig[peer]) < want) {
+      int64_t nap = deadline - now;
+      if (nap > 50 * 1000000LL) nap = 50 * 1000000LL;
+      tcc_futex_wait(&c->futex, v, nap);
+    }
+    atomic_fetch_sub(&c->sleepers, 1);
+  }
+  win->consumed[peer] = want;
+  return TCC_OK;
+}
+
+void tcc_window_destroy(tcc_window_t *win) { window_free(win); }

@@ -1,0 +1,204 @@
+"""The TorchComm-style API (torchcomm_backend.new_comm): every method, sync and
+async, in real 2-, 3- and 4-rank groups bootstrapped three ways (FileStore,
+TCPStore, torchrun environment), split, per-op timeouts, hints, windows
+(cases in tests/_tc_cases.py); the aborting error policy in a group of its
+own; and the option parsing in this process."""
+
+import atexit
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import _harness
+import _tc_cases
+import torchcomm_backend as tc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "_tc_worker.py")
+GROUP_LIMIT = 300  # s: a hung group is killed and its unfinished cases fail
+
+# world -> (bootstrap, abort argument, environment)
+GROUPS = {
+    2: ("file", None, {"TORCHCOMM_ABORT_ON_ERROR": "0"}),  # the policy from the environment
+    3: ("tcp", False, {}),
+    4: ("env", False, {}),
+}
+
+
+def spawn(world, bootstrap, abort, mode, env_extra, out_dir):
+    cfg = {"world": world, "bootstrap": bootstrap, "abort": abort, "mode": mode, "out_dir": out_dir,
+           "store_path": os.path.join(out_dir, "filestore"), "master_port": _harness.free_port()}
+    server = None
+    if bootstrap == "tcp":
+        server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+        cfg["store_port"] = server.port
+    path = os.path.join(out_dir, "config.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ)
+        for var in ("TCCOMM_TRANSPORT", "TORCHCOMM_ABORT_ON_ERROR", "TORCHCOMM_TIMEOUT_SECONDS",
+                    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
+            env.pop(var, None)
+        env.update(env_extra, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        log = open(os.path.join(out_dir, f"rank{rank}.log"), "w")
+        procs.append(subprocess.Popen([sys.executable, WORKER, path, str(rank)], env=env, cwd=HERE,
+                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True))
+    return procs, server
+
+
+def kill(procs):
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+
+
+def tail(out_dir, rank, lines=30):
+    try:
+        with open(os.path.join(out_dir, f"rank{rank}.log"), errors="replace") as f:
+            return "\n".join(f.read().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class Groups:
+    """Runs each world's group once per session and caches its results."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="tccomm-torchcomm-")
+        self.results = {}
+        atexit.register(self._cleanup)
+
+    def _cleanup(self):
+        # Logs stay for a look when something failed.
+        if all(r[0] != "fail" for res in self.results.values() for r in res.values()):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def result(self, world, name):
+        if world not in self.results:
+            self.results[world] = self._run(world)
+        return self.results[world].get(name, ("fail", "no result"))
+
+    def _run(self, world):
+        out_dir = os.path.join(self.dir, f"world{world}")
+        os.makedirs(out_dir)
+        bootstrap, abort, env = GROUPS[world]
+        procs, server = spawn(world, bootstrap, abort, "cases", env, out_dir)
+        deadline = time.monotonic() + GROUP_LIMIT
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        hung = any(p.poll() is None for p in procs)
+        kill(procs)
+        del server
+        per_rank = []
+        for rank in range(world):
+            rows = {}
+            try:
+                with open(os.path.join(out_dir, f"rank{rank}.jsonl")) as f:
+                    for line in f:
+                        ev = json.loads(line)
+                        rows[ev["case"]] = (ev["status"], ev["msg"])
+            except OSError:
+                pass
+            per_rank.append(rows)
+        results = {}
+        for name, _ in _tc_cases.CASES:
+            got = [rows.get(name) for rows in per_rank]
+            if any(g is None for g in got):
+                why = "hung, killed" if hung else "exited early"
+                logs = "\n".join(f"--- rank {r} (exit {procs[r].returncode}):\n{tail(out_dir, r)}"
+                                 for r in range(world))
+                results[name] = ("fail", f"not finished on every rank ({why}):\n{logs}")
+            elif any(g[0] == "fail" for g in got):
+                results[name] = ("fail", "\n".join(f"rank {r}: {g[1]}" for r, g in enumerate(got)
+                                                   if g[0] == "fail"))
+            elif all(g[0] == "skip" for g in got):
+                results[name] = ("skip", got[0][1])
+            else:
+                results[name] = ("pass", "")
+        return results
+
+
+_groups = Groups()
+
+
+@pytest.mark.parametrize("name", [n for n, _ in _tc_cases.CASES])
+@pytest.mark.parametrize("world", sorted(GROUPS))
+def test_torchcomm_case(world, name):
+    status, msg = _groups.result(world, name)
+    if status == "skip":
+        pytest.skip(msg)
+    if status != "pass":
+        pytest.fail(msg, pytrace=False)
+
+
+def test_abort_on_timeout(tmp_path):
+    """With the default policy, a timed-out op ends the process with a message."""
+    procs, _ = spawn(2, "file", None, "abort", {}, str(tmp_path))
+    try:
+        procs[0].wait(timeout=GROUP_LIMIT)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        kill(procs)
+    log = tail(str(tmp_path), 0, 60)
+    assert procs[0].returncode == -signal.SIGABRT, f"exit {procs[0].returncode}:\n{log}"
+    assert "all_reduce on communicator 'tests' (rank 0 of 2)" in log, log
+    assert "aborting the process" in log and "timed out" in log, log
+
+
+# ---- in this process: no group needed -----------------------------------------------
+
+
+def test_new_comm_refuses(monkeypatch):
+    with pytest.raises(ValueError, match="unknown backend 'nccl'"):
+        tc.new_comm("nccl", torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="CUDA devices are not supported yet"):
+        tc.new_comm("tccomm", torch.device("cuda"))
+    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="no torchrun environment"):
+        tc.new_comm("tccomm", torch.device("cpu"))
+
+
+def test_options_from_environment(monkeypatch):
+    from torchcomm_backend import _options
+
+    monkeypatch.delenv("TORCHCOMM_TIMEOUT_SECONDS", raising=False)
+    monkeypatch.delenv("TORCHCOMM_ABORT_ON_ERROR", raising=False)
+    assert _options.default_timeout() == datetime.timedelta(seconds=600)
+    assert _options.default_abort() is True
+    monkeypatch.setenv("TORCHCOMM_TIMEOUT_SECONDS", "2.5")
+    monkeypatch.setenv("TORCHCOMM_ABORT_ON_ERROR", "false")
+    assert _options.default_timeout() == datetime.timedelta(seconds=2.5)
+    assert _options.default_abort() is False
+    monkeypatch.setenv("TORCHCOMM_TIMEOUT_SECONDS", "soon")
+    with pytest.raises(ValueError, match="TORCHCOMM_TIMEOUT_SECONDS"):
+        _options.default_timeout()
+    monkeypatch.setenv("TORCHCOMM_ABORT_ON_ERROR", "maybe")
+    with pytest.raises(ValueError, match="TORCHCOMM_ABORT_ON_ERROR"):
+        _options.default_abort()
+
+
+def test_reduce_ops():
+    assert {op.name for op in (tc.ReduceOp.SUM, tc.ReduceOp.PRODUCT, tc.ReduceOp.MIN, tc.ReduceOp.MAX,
+                               tc.ReduceOp.BAND, tc.ReduceOp.BOR, tc.ReduceOp.BXOR, tc.ReduceOp.AVG)} == \
+        {"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG"}
+    assert repr(tc.ReduceOp.PREMUL_SUM(2)) == "ReduceOp.PREMUL_SUM(2.0)"
+    assert tc.ReduceOp.PREMUL_SUM(2) == tc.ReduceOp.PREMUL_SUM(2.0)
+    with pytest.raises(TypeError, match="factor"):
+        tc.ReduceOp.PREMUL_SUM("2")
