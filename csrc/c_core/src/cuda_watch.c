@@ -49,8 +49,13 @@ cudaEvent_t tcc_cuda_event_get(int device, cudaError_t *e) {
     pthread_mutex_unlock(&p->lock);
     if (ev) return ev;
   }
-  /* No timing: cheaper to record, and all we ask is "done yet?". */
+  /* No timing: cheaper to record, and all we ask is "done yet?". The
+   * relaxed capture mode keeps the creation legal while this thread
+   * captures a graph in the global mode (an op issued into a capture). */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   *e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  cudaThreadExchangeStreamCaptureMode(&mode);
   return *e == cudaSuccess ? ev : NULL;
 }
 
