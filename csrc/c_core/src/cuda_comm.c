@@ -220,8 +220,12 @@ tcc_result_t tcc_cuda_submit(tcc_comm_t *comm, tcc_op_t *op, int device, void *s
     r = complete_enqueue(comm, c, op, captured, err);
   }
 out:
-  if (r != TCC_OK && op->cuda_tmp && c) cudaFreeAsync(op->cuda_tmp, c->stream);
-  op->cuda_tmp = NULL;
+  /* On success, staging memory is freed by tcc_cuda_post: already, or at
+   * the group's end (an allgather in a group copies out of it then). */
+  if (r != TCC_OK && op->cuda_tmp) {
+    if (c) cudaFreeAsync(op->cuda_tmp, c->stream);
+    op->cuda_tmp = NULL;
+  }
   if (c) leave_device(device, prev);
   pthread_mutex_unlock(&comm->cuda_lock);
   if (r != TCC_OK) tcc_op_release(op);
