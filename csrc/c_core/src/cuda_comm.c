@@ -156,12 +156,14 @@ static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc_cuda *c, tcc_o
   cudaError_t e;
   cudaEvent_t ev = tcc_cuda_event_get(c->device, &e);
   if (ev) e = cudaEventRecord(ev, c->stream);
-  op->cuda_event = ev;
-  if (e != cudaSuccess)
+  if (e != cudaSuccess) {
+    tcc_cuda_event_put(c->device, ev);
     return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): recording its completion failed: %s",
                        tcc_cuda_op_name(op), comm->name, comm->rank, cudaGetErrorString(e));
+  }
   op->deadline_ns = tcc_now_ns() + op->timeout_ms * 1000000LL;
   op->cuda_captured = captured;
+  atomic_store(&op->cuda_event, (void *)ev); /* after the fields its readers check */
   if (!captured) tcc_cuda_watch(c, op);
   return TCC_OK;
 }
@@ -334,30 +336,32 @@ int tcc_op_is_cuda(const tcc_op_t *op) { return op->cuda_device >= 0; }
 
 tcc_result_t tcc_op_stream_wait(tcc_op_t *op, void *stream) {
   if (op->cuda_device < 0) return TCC_OK;
-  if (!op->cuda_event) {
+  cudaEvent_t ev = (cudaEvent_t)atomic_load(&op->cuda_event);
+  if (!ev) {
     /* Still inside an open group, or it failed before being enqueued. */
     return atomic_load(&op->finished) ? op->result : TCC_ERR_INVALID;
   }
-  return cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)op->cuda_event, 0) == cudaSuccess
+  return cudaStreamWaitEvent((cudaStream_t)stream, ev, 0) == cudaSuccess
              ? TCC_OK
              : TCC_ERR_SYSTEM;
 }
 
 int tcc_cuda_op_test(tcc_op_t *op) {
   if (atomic_load(&op->finished)) return 1;
-  if (!op->cuda_event || op->cuda_captured) return 0;
+  cudaEvent_t ev = (cudaEvent_t)atomic_load(&op->cuda_event);
+  if (!ev || op->cuda_captured) return 0;
   /* Relaxed capture mode: legal even while this thread captures a graph. */
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
-  cudaError_t q = cudaEventQuery((cudaEvent_t)op->cuda_event);
+  cudaError_t q = cudaEventQuery(ev);
   cudaThreadExchangeStreamCaptureMode(&mode);
   if (q == cudaSuccess) tcc_cuda_finish(op, TCC_OK, NULL); /* the watchdog drops it later */
   return atomic_load(&op->finished);
 }
 
 void tcc_cuda_op_free(tcc_op_t *op) {
-  if (op->cuda_event) tcc_cuda_event_put(op->cuda_device, (cudaEvent_t)op->cuda_event);
-  op->cuda_event = NULL;
+  cudaEvent_t ev = (cudaEvent_t)atomic_exchange(&op->cuda_event, NULL);
+  if (ev) tcc_cuda_event_put(op->cuda_device, ev);
 }
 
 void tcc_cuda_destroy(tcc_comm_t *comm) {

@@ -119,7 +119,7 @@ static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list, 
     tcc_op_t *op = list;
     list = op->cuda_next;
     op->cuda_next = NULL;
-    cudaError_t q = atomic_load(&op->cuda_reaped) ? cudaSuccess : cudaEventQuery((cudaEvent_t)op->cuda_event);
+    cudaError_t q = atomic_load(&op->cuda_reaped) ? cudaSuccess : cudaEventQuery((cudaEvent_t)atomic_load(&op->cuda_event));
     if (q == cudaSuccess) {
       tcc_cuda_finish(op, TCC_OK, NULL);
       tcc_op_release(op);

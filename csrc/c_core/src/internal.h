@@ -218,7 +218,7 @@ struct tcc_op {
   void *cb_arg;
   /* CUDA ops only (cuda_comm.c) */
   int cuda_device;         /* -1: a host op */
-  void *cuda_event;        /* completion event, recorded once the op is enqueued */
+  _Atomic(void *) cuda_event; /* completion event, published once recorded (other threads test it) */
   void *cuda_tmp;          /* staging memory freed after the NCCL call */
   int cuda_captured;       /* enqueued into a CUDA graph capture: never queried */
   atomic_int cuda_reaped;  /* whoever sets it first finishes the op */
