@@ -14,11 +14,15 @@ One extension, two languages:
     standard torch's headers need (C++20 from torch 2.13 on; 2.14's headers
     refuse anything older).
 The result links against c10 and torch_cpu only (no torch_python, no
-binding library) with an rpath to torch/lib.
+binding library) with an rpath to torch/lib; with torch's CUDA build also
+against c10_cuda, torch_cuda and cudart (see cuda_build_config()). NCCL is not
+linked: the core finds the copy torch loaded at run time.
 """
 
 import glob
 import os
+import shutil
+import warnings
 
 import torch
 from setuptools import setup
@@ -48,6 +52,8 @@ C_HEADERS = sorted_glob("csrc/c_core/include/*.h") + sorted_glob("csrc/c_core/sr
 C_FLAGS = ["-std=c11", "-ffp-contract=off", "-D_GNU_SOURCE", "-O3", "-pthread", "-Wall", "-Wextra"]
 
 CXX_SOURCES = sorted_glob("csrc/*.cpp")
+# CUDA-only shim code; left out of CPU-only builds (see cuda_build_config()).
+CUDA_CXX_SOURCES = sorted_glob("csrc/cuda/*.cpp")
 CXX_HEADERS = sorted_glob("csrc/*.hpp")
 # torch's headers come in as system headers so -Wall -Wextra covers our files only.
 TORCH_SYSTEM_INCLUDES = [
@@ -65,10 +71,73 @@ LINK_FLAGS = [
 # The core needs libm, and libdl / librt on older glibc (NCCL is dlopen()ed).
 LIBRARIES = ["c10", "torch_cpu", "m", "dl", "rt"]
 
-# CUDA is not built yet. When it is, this is the one place to extend: if
-# torch.version.cuda is set, add the CUDA define to C_FLAGS and CXX_FLAGS,
-# cpp_extension.include_paths("cuda") to the includes and c10_cuda /
-# torch_cuda (and cudart) to LIBRARIES.
+
+def find_nccl_include(cuda_home):
+    """The directory of nccl.h: NCCL_INCLUDE_DIR, the nvidia-nccl-cu* wheel
+    torch depends on, or the CUDA toolkit."""
+    candidates = [os.environ.get("NCCL_INCLUDE_DIR", "")]
+    try:
+        import nvidia.nccl  # the wheel torch's CUDA build depends on
+
+        candidates += [os.path.join(p, "include") for p in nvidia.nccl.__path__]
+    except ImportError:
+        pass
+    if cuda_home:
+        candidates.append(os.path.join(cuda_home, "include"))
+    candidates.append("/usr/include")
+    for d in candidates:
+        if d and os.path.isfile(os.path.join(d, "nccl.h")):
+            return d
+    return None
+
+
+def find_cuda_home():
+    """The toolkit root holding include/cuda_runtime_api.h. torch's own guess
+    (cpp_extension.CUDA_HOME) can be the parent of a bin/ that only holds a
+    link to nvcc (e.g. /usr/local), so the link's target is tried too."""
+    candidates = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), cpp_extension.CUDA_HOME or ""]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    candidates.append("/usr/local/cuda")
+    for d in candidates:
+        if d and os.path.isfile(os.path.join(d, "include", "cuda_runtime_api.h")):
+            return d
+    return None
+
+
+def cuda_build_config():
+    """Include dirs, library dirs and a reason, for building the CUDA path.
+
+    Built whenever torch has CUDA and the headers are there (no GPU needed);
+    otherwise left out with a warning that says why. TCCOMM_NO_CUDA=1 leaves
+    it out on purpose."""
+    if torch.version.cuda is None:
+        return None, "torch is a CPU-only build"
+    if os.environ.get("TCCOMM_NO_CUDA", "") not in ("", "0"):
+        return None, "TCCOMM_NO_CUDA is set"
+    cuda_home = find_cuda_home()
+    if cuda_home is None:
+        return None, f"no CUDA toolkit headers found (torch's guess: CUDA_HOME={cpp_extension.CUDA_HOME!r})"
+    nccl_include = find_nccl_include(cuda_home)
+    if nccl_include is None:
+        return None, "nccl.h not found (install nvidia-nccl-cu* or set NCCL_INCLUDE_DIR)"
+    lib_dirs = [d for d in (os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")) if os.path.isdir(d)]
+    return {"includes": [nccl_include, os.path.join(cuda_home, "include")], "lib_dirs": lib_dirs}, ""
+
+
+CUDA, NO_CUDA_REASON = cuda_build_config()
+LIBRARY_DIRS = [TORCH_LIB]
+if CUDA:
+    # The core's CUDA path: -DTCC_WITH_CUDA and the real nccl.h / cuda_runtime_api.h.
+    C_FLAGS += ["-DTCC_WITH_CUDA"] + [f for d in CUDA["includes"] for f in ("-isystem", d)]
+    CXX_FLAGS += ["-DTCCOMM_WITH_CUDA"] + [f for d in CUDA["includes"] for f in ("-isystem", d)]
+    CXX_SOURCES += CUDA_CXX_SOURCES
+    # cudart by soname (libcudart.so.N): at run time it is the copy torch loaded.
+    LIBRARIES += ["c10_cuda", "torch_cuda", "cudart"]
+    LIBRARY_DIRS += CUDA["lib_dirs"]
+elif torch.version.cuda is not None:
+    warnings.warn(f"tccomm: building without CUDA although torch has CUDA: {NO_CUDA_REASON}")
 
 
 class BuildExt(cpp_extension.BuildExtension):
@@ -94,13 +163,13 @@ ext = Extension(
     name="torchcomm_backend._C",
     sources=CXX_SOURCES,
     include_dirs=[absolute("csrc", "c_core", "include")],
-    library_dirs=[TORCH_LIB],
+    library_dirs=LIBRARY_DIRS,
     libraries=LIBRARIES,
     extra_compile_args={"cxx": CXX_FLAGS},
     extra_link_args=LINK_FLAGS,
     language="c++",
     # A change to any C source or header relinks the extension.
-    depends=C_SOURCES + C_HEADERS + CXX_HEADERS,
+    depends=C_SOURCES + C_HEADERS + CXX_HEADERS + sorted_glob("csrc/cuda/*.hpp"),
 )
 
 setup(

@@ -1,8 +1,18 @@
-"""nccl-tests style benchmark of tccomm against gloo on CPU tensors.
+"""nccl-tests style benchmark of tccomm against gloo (CPU) or nccl (CUDA).
 
     python bench/bench_collectives.py                 # world sizes 2 and 4, 8 B .. 64 MiB
     python bench/bench_collectives.py --quick         # up to 1 MiB, shorter timing
     python bench/bench_collectives.py --worlds 2 --max-bytes 4M --ops allreduce
+    python bench/bench_collectives.py --device cuda    # tccomm vs nccl on CUDA tensors
+
+--device cuda compares tccomm with nccl (default --backends tccomm,nccl;
+default worlds: 1 and the number of GPUs). Rank r uses GPU r % #GPUs; when
+ranks outnumber GPUs each rank claims its own host (NCCL_HOSTID) and NCCL
+talks over sockets on lo, so any world size runs on one GPU. Times are taken
+after a device synchronize. At world size 1 it also measures the host time
+per eager dist.all_reduce call on a small CUDA tensor (--host-count floats,
+no synchronize inside the loop), tccomm against nccl: the target is at most
+0.7x of ProcessGroupNCCL's host time.
 
 For every world size the script spawns that many processes on this machine.
 Each process creates a tccomm group (the default group) and a gloo group over
@@ -77,6 +87,15 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backends = args.backends.split(",")
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
     dist.init_process_group(backends[0], timeout=datetime.timedelta(seconds=300))
     groups = {backends[0]: None}
     for b in backends[1:]:
@@ -90,28 +109,36 @@ def worker(args) -> None:
     def make(op, size_bytes):
         """Returns (fn, actual size in bytes) for one iteration of `op`."""
         count = max(1, size_bytes // ELEM)
+        zeros = lambda n: torch.zeros(n, device=device)  # noqa: E731
+        empty = lambda n: torch.empty(n, device=device)  # noqa: E731
         if op == "allreduce":
-            t = torch.zeros(count)
+            t = zeros(count)
             return (lambda g: dist.all_reduce(t, group=g)), count * ELEM
         if op == "broadcast":
-            t = torch.zeros(count)
+            t = zeros(count)
             return (lambda g: dist.broadcast(t, src=0, group=g)), count * ELEM
         per = max(1, count // world)
         if op == "allgather":
-            inp, out = torch.zeros(per), torch.empty(per * world)
+            inp, out = zeros(per), empty(per * world)
             return (lambda g: ag(out, inp, group=g)), per * world * ELEM
         if op == "reduce_scatter":
-            inp, out = torch.zeros(per * world), torch.empty(per)
+            inp, out = zeros(per * world), empty(per)
             return (lambda g: rs(out, inp, group=g)), per * world * ELEM
         if op == "alltoall":
-            inp, out = torch.zeros(per * world), torch.empty(per * world)
+            inp, out = zeros(per * world), empty(per * world)
             return (lambda g: dist.all_to_all_single(out, inp, group=g)), per * world * ELEM
         raise ValueError(op)
 
     def agree_max(value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64)
+        # On the device: nccl (the control group in CUDA mode) moves CUDA tensors only.
+        t = torch.tensor([value], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctl)
         return float(t.item())
+
+    def record(row: dict) -> None:
+        if out:
+            out.write(json.dumps(row) + "\n")
+            out.flush()
 
     out = open(args.results, "a") if rank == 0 else None
     sizes = []
@@ -129,36 +156,71 @@ def worker(args) -> None:
                 g = groups[b]
                 for _ in range(args.warmup):
                     fn(g)
+                sync()
                 # calibrate: iterations for about --time-per-point seconds
                 dist.barrier(group=g)
+                sync()
                 t0 = time.perf_counter()
                 fn(g)
+                sync()
                 one = agree_max(time.perf_counter() - t0)
                 iters = int(min(args.max_iters, max(args.min_iters,
                                                     args.time_per_point / max(one, 1e-7))))
                 dist.barrier(group=g)
+                sync()
                 t0 = time.perf_counter()
                 for _ in range(iters):
                     fn(g)
+                sync()
                 elapsed = (time.perf_counter() - t0) / iters
                 elapsed = agree_max(elapsed)
                 row[b] = (elapsed, iters)
-                if out:
-                    algbw = actual / elapsed / 1e9
-                    out.write(json.dumps({
-                        "world": world, "backend": b, "op": op, "bytes": actual,
-                        "count": actual // ELEM, "dtype": "float32", "iters": iters,
-                        "time_us": elapsed * 1e6, "algbw_GBps": algbw,
-                        "busbw_GBps": algbw * FACTOR[op](world)}) + "\n")
-                    out.flush()
+                algbw = actual / elapsed / 1e9
+                record({"world": world, "backend": b, "device": args.device, "op": op,
+                        "bytes": actual, "count": actual // ELEM, "dtype": "float32",
+                        "iters": iters, "time_us": elapsed * 1e6, "algbw_GBps": algbw,
+                        "busbw_GBps": algbw * FACTOR[op](world)})
             if rank == 0:
                 cells = "  ".join(f"{b}: {row[b][0] * 1e6:10.1f} us" for b in backends)
                 ratio = ""
                 if len(backends) > 1:
                     ratio = f"  ratio {row[backends[1]][0] / row[backends[0]][0]:6.2f}x"
                 print(f"  n={world} {op:15s} {human(actual):>9s}  {cells}{ratio}", flush=True)
+    if cuda and world == 1:
+        host = {b: host_time_per_call(dist, torch, device, groups[b], args) for b in backends}
+        for b, secs in host.items():
+            record({"world": world, "backend": b, "device": "cuda", "op": HOST_OP,
+                    "bytes": args.host_count * ELEM, "count": args.host_count, "dtype": "float32",
+                    "iters": args.host_iters, "time_us": secs * 1e6, "algbw_GBps": 0.0,
+                    "busbw_GBps": 0.0})
+        if rank == 0:
+            cells = "  ".join(f"{b}: {host[b] * 1e6:8.2f} us" for b in backends)
+            print(f"  host time per eager all_reduce ({args.host_count} floats): {cells}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+HOST_OP = "allreduce_host_time"
+
+
+def host_time_per_call(dist, torch, device, group, args) -> float:
+    """Seconds of host time per eager dist.all_reduce call on a small tensor.
+
+    No synchronize inside the loop: what is measured is what the calling
+    thread spends issuing the op (validation, enqueueing, bookkeeping), which
+    is what limits small-message training steps. The best of 5 rounds."""
+    t = torch.zeros(args.host_count, device=device)
+    for _ in range(50):
+        dist.all_reduce(t, group=group)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(args.host_iters):
+            dist.all_reduce(t, group=group)
+        best = min(best, (time.perf_counter() - t0) / args.host_iters)
+        torch.cuda.synchronize()
+    return best
 
 
 # ---------------------------------------------------------------------------
@@ -195,7 +257,13 @@ def run_world(args, world: int, results: str) -> None:
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                    PYTHONWARNINGS="ignore::FutureWarning")
+        if args.device == "cuda" and world > args.gpus:
+            # More ranks than GPUs: NCCL must see separate hosts talking over sockets.
+            env.update(NCCL_HOSTID=f"tccomm-bench-host-{rank}", NCCL_SOCKET_IFNAME="lo",
+                       NCCL_NET="Socket", NCCL_IB_DISABLE="1", NCCL_MNNVL_ENABLE="0")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--results", results,
+               "--device", args.device, "--host-count", str(args.host_count),
+               "--host-iters", str(args.host_iters),
                "--backends", args.backends, "--ops", args.ops,
                "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                "--warmup", str(args.warmup), "--time-per-point", str(args.time_per_point),
@@ -217,15 +285,26 @@ def run_world(args, world: int, results: str) -> None:
 
 def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
     backends = args.backends.split(",")
+    host_rows = [r for r in rows if r["op"] == HOST_OP]
+    rows = [r for r in rows if r["op"] != HOST_OP]
     csv_path = stem + ".csv"
     with open(csv_path, "w", newline="") as f:
         fields = ["world", "backend", "op", "bytes", "count", "dtype", "iters", "time_us",
                   "algbw_GBps", "busbw_GBps", "busbw_fraction_of_memcpy"]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
-        for r in rows:
-            w.writerow({**r, "busbw_fraction_of_memcpy": r["busbw_GBps"] / memcpy})
+        for r in rows + host_rows:
+            w.writerow({k: v for k, v in {**r, "busbw_fraction_of_memcpy": r["busbw_GBps"] / memcpy}.items()
+                        if k in fields})
     print(f"\nwrote {csv_path}")
+    if host_rows:
+        host = {r["backend"]: r["time_us"] for r in host_rows}
+        cells = ", ".join(f"{b} {us:.2f} us" for b, us in host.items())
+        print(f"\nhost time per eager all_reduce ({host_rows[0]['count']} floats, 1 rank, CUDA): {cells}")
+        if "tccomm" in host and "nccl" in host:
+            ratio = host["tccomm"] / host["nccl"]
+            print(f"tccomm / nccl host time: {ratio:.2f}x (target <= 0.70x: "
+                  f"{'met' if ratio <= 0.7 else 'NOT met'})")
 
     idx = {(r["world"], r["backend"], r["op"], r["bytes"]): r for r in rows}
     worlds = sorted({r["world"] for r in rows})
@@ -302,9 +381,17 @@ def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worlds", default="2,4", help="world sizes, e.g. 2,4")
-    p.add_argument("--backends", default="tccomm,gloo",
-                   help="the first is the default group; ratios are second / first")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="tensors on CPU (peer: gloo) or CUDA (peer: nccl)")
+    p.add_argument("--worlds", default=None,
+                   help="world sizes, e.g. 2,4 (default: 2,4 on CPU; 1 and #GPUs on CUDA)")
+    p.add_argument("--backends", default=None,
+                   help="the first is the default group; ratios are second / first "
+                        "(default: tccomm,gloo on CPU, tccomm,nccl on CUDA)")
+    p.add_argument("--host-count", type=int, default=256,
+                   help="CUDA, world 1: floats per all_reduce in the host-time measurement")
+    p.add_argument("--host-iters", type=int, default=2000)
+    p.add_argument("--gpus", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--min-bytes", type=parse_bytes, default=8)
     p.add_argument("--max-bytes", type=parse_bytes, default=64 << 20)
@@ -320,6 +407,16 @@ def main() -> None:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--results", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.backends is None:
+        args.backends = "tccomm,nccl" if args.device == "cuda" else "tccomm,gloo"
+    if args.device == "cuda" and not args.worker:
+        import torch
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA GPU is visible")
+        args.gpus = torch.cuda.device_count()
+    if args.worlds is None:
+        args.worlds = "2,4" if args.device == "cpu" else ",".join(
+            str(w) for w in sorted({1, max(2, args.gpus)}))
     if args.quick:
         args.max_bytes = min(args.max_bytes, 1 << 20)
         args.time_per_point = min(args.time_per_point, 0.05)
@@ -334,7 +431,7 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     stem = os.path.join(args.out_dir, "bench_" + time.strftime("%Y%m%d-%H%M%S"))
     raw = stem + ".jsonl"
-    memcpy = memcpy_bandwidth()
+    memcpy = memcpy_bandwidth()  # the CPU reference line; on CUDA only for context
     print(f"single-core memcpy bandwidth: {memcpy:.2f} GB/s; "
           f"transport: TCCOMM_TRANSPORT={os.environ.get('TCCOMM_TRANSPORT', '(unset: auto)')}")
     t0 = time.monotonic()

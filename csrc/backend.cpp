@@ -2,6 +2,8 @@
 #include "backend.hpp"
 #include "rendezvous.hpp"
 
+#include "cuda_support.hpp"
+
 #include <algorithm>
 #include <thread>
 #include <utility>
@@ -280,6 +282,27 @@ void TccBackend::setTimeout(std::chrono::milliseconds timeout) {
   }
 }
 
+#ifdef TCCOMM_HAS_BOUND_DEVICE
+void TccBackend::setBoundDeviceId(std::optional<at::Device> device) {
+  c10d::Backend::setBoundDeviceId(device);
+  if (!device.has_value() || !device->is_cuda()) {
+    return;
+  }
+  // init_process_group(device_id=...): every rank binds its device now, so
+  // the NCCL communicator is created eagerly instead of at the first op.
+  TORCH_CHECK(
+      cuda::kBuilt,
+      "tccomm: init_process_group(device_id=",
+      *device,
+      "): tccomm was built without CUDA");
+  std::lock_guard<std::mutex> lock(mutex_);
+  checkUsable("eager CUDA init");
+  if (tcc_comm_cuda_init(comm_, device->index()) != TCC_OK) {
+    C10_THROW_ERROR(DistBackendError, c10::str("tccomm: device_id=", *device, ": ", tcc_comm_last_error(comm_)));
+  }
+}
+#endif
+
 void TccBackend::setSequenceNumberForGroup() {
   // Every rank creates the communicator together, so the count of issued
   // collectives starts at 0 everywhere: nothing to agree on.
@@ -314,6 +337,9 @@ c10d::ErrorType TccBackend::getError() {
 void TccBackend::startCoalescing() {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(!coalescing_, "tccomm: startCoalescing: already coalescing (missing endCoalescing)");
+  checkUsable("startCoalescing");
+  // CUDA ops until endCoalescing form one NCCL group; host ops are unaffected.
+  tcc_comm_group_start(comm_);
   coalescing_ = true;
 }
 
@@ -328,6 +354,13 @@ c10::intrusive_ptr<c10d::Work> TccBackend::endCoalescing() {
     ops.swap(coalescedOps_);
     outputs.swap(coalescedOutputs_);
     inputs.swap(coalescedInputs_);
+    if (comm_ != nullptr && tcc_comm_group_end(comm_) != TCC_OK) {
+      // The ops carry the failure; wait() raises it.
+      TORCH_WARN_ONCE("tccomm: endCoalescing: ", tcc_comm_last_error(comm_));
+    }
+    for (auto& pending : ops) {
+      pending->cudaCopyBack(); // no-op for host ops
+    }
   }
   return TccWork::create(rank_, OpType::COALESCED, "coalesced ops", std::move(ops), std::move(outputs), inputs);
 }
@@ -342,9 +375,15 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
     int sourceRank) {
   std::vector<c10::intrusive_ptr<PendingOp>> ops;
   ops.reserve(steps.size());
+  // The CUDA steps of one call go to NCCL as one group (one launch).
+  const bool cudaOp = !steps.empty() && steps[0].buffers.device() >= 0;
+  const bool grouped = cudaOp && steps.size() > 1;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     checkUsable(op);
+    if (grouped) {
+      tcc_comm_group_start(comm_);
+    }
     for (auto& step : steps) {
       tcc_op_opts_t opts{timeoutMs(timeout), step.premulFactor};
       auto pending = c10::make_intrusive<PendingOp>(op, std::move(step.buffers));
@@ -356,6 +395,9 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
         if (msg.empty()) {
           msg = c10::str("tccomm: ", op, ": ", tcc_result_string(r));
         }
+        if (grouped) {
+          tcc_comm_group_end(comm_); // launches (and so completes) the steps issued so far
+        }
         if (!ops.empty()) {
           // Those finish on their own (their buffers stay alive until then).
           msg = c10::str(msg, " (", ops.size(), " of the ", steps.size(), " ops of this ", op, " were issued)");
@@ -364,13 +406,24 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
         }
         C10_THROW_ERROR(DistBackendError, msg);
       }
+      if (pending->device() >= 0) {
+        pending->prepareCuda(tcc_comm_cuda_stream(comm_));
+      }
       PendingOp::start(pending, handle);
       ops.push_back(std::move(pending));
+    }
+    if (grouped && tcc_comm_group_end(comm_) != TCC_OK) {
+      // The ops carry the failure; wait() raises it.
+      TORCH_WARN_ONCE("tccomm: ", op, ": ", tcc_comm_last_error(comm_));
     }
     if (coalescing_) {
       coalescedOps_.insert(coalescedOps_.end(), ops.begin(), ops.end());
       coalescedOutputs_.insert(coalescedOutputs_.end(), outputs.begin(), outputs.end());
       coalescedInputs_.insert(coalescedInputs_.end(), inputs.begin(), inputs.end());
+    } else if (cudaOp) {
+      for (auto& pending : ops) {
+        pending->cudaCopyBack();
+      }
     }
   }
   return TccWork::create(rank_, type, op, std::move(ops), std::move(outputs), inputs, sourceRank);

@@ -23,6 +23,11 @@
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
 #define TCCOMM_HAS_GATHER_INTO_TENSOR 1
 #endif
+// torch 2.14 made Backend::setBoundDeviceId virtual: init_process_group(
+// device_id=...) reaches the backend through it (eager NCCL init).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#define TCCOMM_HAS_BOUND_DEVICE 1
+#endif
 
 namespace tccomm {
 
@@ -60,6 +65,10 @@ class TccBackend final : public c10d::Backend {
     return true;
   }
   void setTimeout(std::chrono::milliseconds timeout) override;
+#ifdef TCCOMM_HAS_BOUND_DEVICE
+  // A CUDA device creates the group's NCCL communicator now (eager init).
+  void setBoundDeviceId(std::optional<at::Device> device) override;
+#endif
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void setSequenceNumberForGroup() override;

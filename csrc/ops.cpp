@@ -7,6 +7,9 @@
 //       ProcessGroup), from which Python takes it with _get_backend().
 //       transport: "auto" (the core decides; TCCOMM_TRANSPORT is honoured),
 //       "shm" or "tcp".
+//   build_info()
+//       JSON: whether the CUDA path was built, the nccl.h it was built with
+//       and the NCCL found at run time.
 #include <string>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -45,10 +48,42 @@ void create(
   carrier->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, backend);
 }
 
+std::string buildInfo() {
+  int runtime = 0;
+  char err[512] = {0};
+  std::string runtimeJson = "null";
+  std::string errorJson = "\"\"";
+  if (tcc_cuda_built()) {
+    if (tcc_nccl_runtime_version(&runtime, err, sizeof err) == TCC_OK) {
+      runtimeJson = std::to_string(runtime);
+    } else {
+      std::string quoted;
+      for (const char* p = err; *p != '\0'; ++p) {
+        if (*p == '"' || *p == '\\') {
+          quoted += '\\';
+        }
+        quoted += *p;
+      }
+      errorJson = "\"" + quoted + "\"";
+    }
+  }
+  return c10::str(
+      "{\"cuda\": ",
+      tcc_cuda_built() ? "true" : "false",
+      ", \"nccl_header_version\": ",
+      tcc_nccl_header_version(),
+      ", \"nccl_runtime_version\": ",
+      runtimeJson,
+      ", \"nccl_error\": ",
+      errorJson,
+      "}");
+}
+
 } // namespace
 } // namespace tccomm
 
 TORCH_LIBRARY(tccomm, m) {
+  m.def("build_info() -> str", &tccomm::buildInfo);
   m.def(
       "create(__torch__.torch.classes.c10d.ProcessGroup carrier, int rank, int size, "
       "int timeout_ms, str name, str advertise_addr, str transport=\"auto\") -> ()",

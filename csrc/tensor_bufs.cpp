@@ -4,6 +4,8 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/irange.h>
 
+#include "cuda_support.hpp"
+
 namespace tccomm {
 
 tcc_dtype_t toTccDtype(const char* op, at::ScalarType type) {
@@ -113,17 +115,25 @@ Reduction toReduction(const char* op, const c10d::ReduceOp& reduceOp, at::Scalar
 void checkTensor(const char* op, const at::Tensor& t, const char* role) {
   TCC_CHECK(t.defined(), op, "the ", role, " tensor is undefined");
   if (t.is_cuda()) {
-    // The CUDA path is not built yet; see setup.py.
-    TCC_CHECK(false, op, "CUDA tensors are not supported yet (", role, " is on ", t.device(), ")");
+    TCC_CHECK(
+        cuda::kBuilt,
+        op,
+        "the ",
+        role,
+        " tensor is on ",
+        t.device(),
+        " but tccomm was built without CUDA (torch without CUDA, or no CUDA toolkit / nccl.h "
+        "when tccomm was built; see setup.py)");
+  } else {
+    TCC_CHECK(
+        t.device().is_cpu(),
+        op,
+        "the ",
+        role,
+        " tensor is on ",
+        t.device(),
+        "; tccomm supports CPU and CUDA tensors only");
   }
-  TCC_CHECK(
-      t.device().is_cpu(),
-      op,
-      "the ",
-      role,
-      " tensor is on ",
-      t.device(),
-      "; tccomm supports CPU tensors only");
   TCC_CHECK(
       t.layout() == at::kStrided,
       op,
@@ -137,6 +147,16 @@ void checkTensor(const char* op, const at::Tensor& t, const char* role) {
 
 void checkTensorLike(const char* op, const at::Tensor& t, const at::Tensor& like, const char* role) {
   checkTensor(op, t, role);
+  TCC_CHECK(
+      t.device() == like.device(),
+      op,
+      "mixed devices: the ",
+      role,
+      " tensor is on ",
+      t.device(),
+      " but the op's first tensor is on ",
+      like.device(),
+      " (one op moves CPU tensors or tensors of one CUDA device)");
   TCC_CHECK(
       t.scalar_type() == like.scalar_type(),
       op,
@@ -189,8 +209,15 @@ tcc_buf_t Buffers::describe(const at::Tensor& contiguous) {
   b.ptr = contiguous.numel() > 0 ? contiguous.data_ptr() : nullptr;
   b.count = static_cast<size_t>(contiguous.numel());
   b.dtype = toTccDtype(op_, contiguous.scalar_type());
-  b.device = -1;
-  b.stream = nullptr;
+  if (contiguous.is_cuda()) {
+    b.device = contiguous.get_device();
+    // The core orders its NCCL stream after the caller's current stream.
+    b.stream = cuda::currentStream(contiguous.get_device());
+  } else {
+    b.device = -1;
+    b.stream = nullptr;
+  }
+  device_ = b.device;
   return b;
 }
 
@@ -227,6 +254,10 @@ void Buffers::copyBack() {
   for (auto& [destination, staging] : copyBack_) {
     destination.copy_(staging);
   }
+}
+
+void Buffers::dropCopyBack() {
+  copyBack_.clear();
 }
 
 void Buffers::clear() {

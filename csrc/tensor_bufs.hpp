@@ -32,9 +32,9 @@ struct Reduction {
 // checks that the core can apply it to `type`.
 Reduction toReduction(const char* op, const c10d::ReduceOp& reduceOp, at::ScalarType type);
 
-// Checks device (CPU only, for now), layout and dtype of one tensor.
+// Checks device (CPU, or CUDA when built with it), layout and dtype of one tensor.
 void checkTensor(const char* op, const at::Tensor& t, const char* role);
-// Checks `t` and that it has the dtype of `like`.
+// Checks `t` and that it has the dtype and device of `like`.
 void checkTensorLike(const char* op, const at::Tensor& t, const at::Tensor& like, const char* role);
 
 // The one tensor of a c10d tensor list (tccomm moves one tensor per process
@@ -65,19 +65,30 @@ class Buffers {
   // Read and written (in-place ops): like output, with the data copied in.
   tcc_buf_t inout(const at::Tensor& t);
 
-  // Runs the copies back; called once, after the op succeeded.
+  // Runs the copies back; called once, after the op succeeded (CUDA: once
+  // the caller's stream waits for the op, on that stream).
   void copyBack();
   bool hasCopyBack() const {
     return !copyBack_.empty();
   }
+  // Forgets the copies back (done, or the op failed); the staging stays alive.
+  void dropCopyBack();
   // Drops every tensor reference.
   void clear();
+  // -1 for CPU tensors, else the CUDA device of the described tensors.
+  int device() const {
+    return device_;
+  }
+  const std::vector<at::Tensor>& tensors() const {
+    return keepAlive_;
+  }
 
  private:
   tcc_buf_t describe(const at::Tensor& contiguous);
   tcc_buf_t staged(const at::Tensor& t, bool copyIn);
 
   const char* op_;
+  int device_ = -1;
   std::vector<at::Tensor> keepAlive_;
   std::vector<std::pair<at::Tensor, at::Tensor>> copyBack_; // (destination, staging)
 };

@@ -1,6 +1,8 @@
 // work.cpp - see work.hpp.
 #include "work.hpp"
 
+#include "cuda_support.hpp"
+
 #include <algorithm>
 #include <chrono>
 
@@ -34,7 +36,8 @@ bool inCoreCallback() {
 
 // ---- PendingOp -------------------------------------------------------------
 
-PendingOp::PendingOp(const char* op, Buffers buffers) : op_(op), buffers_(std::move(buffers)) {}
+PendingOp::PendingOp(const char* op, Buffers buffers)
+    : op_(op), device_(buffers.device()), buffers_(std::move(buffers)) {}
 
 PendingOp::~PendingOp() {
   tcc_op_release(handle_);
@@ -56,11 +59,33 @@ void PendingOp::onComplete(tcc_op_t* /*handle*/, void* arg) {
   }
 }
 
+void PendingOp::prepareCuda(void* ncclStream) {
+  ncclStream_ = ncclStream;
+  cuda::recordIfCapturing(buffers_.tensors(), static_cast<c10::DeviceIndex>(device_), ncclStream);
+}
+
+void PendingOp::cudaCopyBack() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!buffers_.hasCopyBack()) {
+    return;
+  }
+  // A failed op copies nothing back: its error reaches the work.
+  if (tcc_op_stream_wait(handle_, cuda::currentStream(device_)) == TCC_OK) {
+    at::NoGradGuard noGrad;
+    buffers_.copyBack();
+  }
+  buffers_.dropCopyBack();
+  if (done_) {
+    buffers_.clear();
+  }
+}
+
 void PendingOp::complete() {
   std::exception_ptr error;
+  const bool cuda = device_ >= 0;
   if (tcc_op_result(handle_) != TCC_OK) {
     error = backendError(coreFailure(op_, handle_));
-  } else if (buffers_.hasCopyBack()) {
+  } else if (!cuda && buffers_.hasCopyBack()) {
     try {
       buffers_.copyBack();
     } catch (const std::exception& e) {
@@ -69,15 +94,17 @@ void PendingOp::complete() {
           e.what());
     }
   }
-  // The data has landed: let the staging copies and inputs go.
-  buffers_.clear();
-
   std::vector<c10::intrusive_ptr<TccWork>> listeners;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
     error_ = error;
     listeners.swap(listeners_);
+    // The data has landed: let the staging copies and inputs go (a CUDA
+    // copy-back still to be enqueued keeps them until cudaCopyBack).
+    if (!(cuda && buffers_.hasCopyBack())) {
+      buffers_.clear();
+    }
   }
   for (auto& work : listeners) {
     work->opDone(*this);
@@ -127,6 +154,15 @@ c10::intrusive_ptr<TccWork> TccWork::create(
     int sourceRank) {
   auto work =
       c10::make_intrusive<TccWork>(rank, type, op, std::move(ops), std::move(outputs), inputs, sourceRank);
+  for (auto& pending : work->ops_) {
+    if (pending->device() >= 0) {
+      work->device_ = pending->device();
+      work->ncclStream_ = pending->ncclStream();
+      break;
+    }
+  }
+  // The future is made on first use (getFuture), which most calls never
+  // reach: it costs allocations (and for CUDA, events) per call.
   if (work->ops_.empty()) {
     work->complete();
   }
@@ -155,6 +191,9 @@ void TccWork::complete() {
     error = firstError_;
   }
   finish(error);
+  if (device_ >= 0) {
+    return; // the future is complete from the start (see getFuture)
+  }
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(futureMutex_);
@@ -175,12 +214,54 @@ void TccWork::completeFuture(c10::ivalue::Future& future, const std::exception_p
   }
 }
 
+void TccWork::waitOnStream() {
+  for (auto& pending : ops_) {
+    if (pending->device() < 0) {
+      continue;
+    }
+    tcc_op_t* handle = pending->handle();
+    const tcc_result_t r = tcc_op_stream_wait(handle, cuda::currentStream(static_cast<c10::DeviceIndex>(pending->device())));
+    // Only an op already known to have failed raises here (no device query:
+    // wait() must stay cheap); isCompleted() asks the device.
+    const tcc_result_t done = tcc_op_result(handle);
+    if (r != TCC_OK || (done != TCC_OK && done != TCC_ERR_INPROGRESS)) {
+      if (done != TCC_OK && done != TCC_ERR_INPROGRESS) {
+        C10_THROW_ERROR(DistBackendError, coreFailure(op_, handle));
+      }
+      C10_THROW_ERROR(
+          DistBackendError,
+          c10::str("tccomm: ", op_, ": cannot make the current CUDA stream wait for the op (", tcc_result_string(r), ")"));
+    }
+  }
+}
+
+void TccWork::synchronize() {
+  if (device_ >= 0) {
+    waitOnStream();
+  }
+}
+
 bool TccWork::wait(std::chrono::milliseconds timeout) {
+  if (device_ >= 0) {
+    // Stream semantics: the host does not block on CUDA ops. Host ops of a
+    // mixed coalesced group are waited for below.
+    waitOnStream();
+    bool hostOps = false;
+    for (auto& pending : ops_) {
+      hostOps |= pending->device() < 0;
+    }
+    if (!hostOps) {
+      return true;
+    }
+  }
   using Clock = std::chrono::steady_clock;
   const bool bounded = timeout != kNoTimeout;
   const auto deadline = Clock::now() + timeout;
   for (auto& pending : ops_) {
     int64_t waitMs = -1; // no limit of our own: the op's timeout applies
+    if (pending->device() >= 0) {
+      continue; // waited for on the stream above
+    }
     if (bounded) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       waitMs = std::max<int64_t>(0, left.count());
@@ -195,6 +276,9 @@ bool TccWork::wait(std::chrono::milliseconds timeout) {
               timeout.count(),
               " ms; the op is still running"));
     }
+  }
+  if (device_ >= 0) {
+    return true; // the CUDA ops of the group may still be running
   }
   // Every op has finished; the completion callbacks run before waiters
   // wake, so this returns at once (it also orders us after copy-backs).
@@ -214,10 +298,25 @@ void TccWork::startOps() {
 
 bool TccWork::isCompleted() {
   startOps();
+  for (auto& pending : ops_) {
+    if (pending->device() >= 0) {
+      tcc_op_test(pending->handle()); // asks the device; finishes the op when done
+    }
+  }
   return c10d::Work::isCompleted();
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> TccWork::getFuture() {
+  if (device_ >= 0) {
+    std::lock_guard<std::mutex> lock(futureMutex_);
+    if (!future_) {
+      // Complete now and device-aware: a consumer's stream waits for the
+      // NCCL stream's work so far, which includes this op (and maybe later
+      // ones: waiting for more is safe, never less).
+      future_ = cuda::completedFuture(outputs_, static_cast<c10::DeviceIndex>(device_), ncclStream_);
+    }
+    return future_;
+  }
   startOps();
   c10::intrusive_ptr<c10::ivalue::Future> future;
   bool alreadyDone = false;

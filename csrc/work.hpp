@@ -6,6 +6,11 @@
 // every TccWork that includes it. A TccWork is what c10d sees: one or more
 // PendingOps (several for coalesced ops and for endCoalescing), completed
 // when the last of them completes.
+//
+// CUDA ops follow ProcessGroupNCCL's stream semantics: wait() makes the
+// caller's current stream wait for the op (the host does not block), the
+// future is device-aware and complete at once, isCompleted() asks the
+// device. The tensors stay referenced until the op completes on the device.
 #pragma once
 
 #include <atomic>
@@ -45,6 +50,22 @@ class PendingOp : public c10::intrusive_ptr_target {
   tcc_op_t* handle() const {
     return handle_;
   }
+  // -1 for a host op, else its CUDA device.
+  int device() const {
+    return device_;
+  }
+  // The NCCL stream the op runs on (CUDA ops; set by the backend).
+  void* ncclStream() const {
+    return ncclStream_;
+  }
+  // Called for a CUDA op once the core accepted it, before start(): notes
+  // its NCCL stream and, under graph capture, tells the allocator its
+  // tensors are in use there.
+  void prepareCuda(void* ncclStream);
+  // CUDA ops with non-contiguous outputs: has the caller's current stream
+  // wait for the op, then copies the results into the outputs on it.
+  // Called by the issuing thread once the op's NCCL work is enqueued.
+  void cudaCopyBack();
   const char* name() const {
     return op_;
   }
@@ -57,6 +78,8 @@ class PendingOp : public c10::intrusive_ptr_target {
 
   const char* op_;
   tcc_op_t* handle_ = nullptr;
+  const int device_;
+  void* ncclStream_ = nullptr;
   Buffers buffers_;
   mutable std::mutex mutex_;
   bool done_ = false;
@@ -76,9 +99,13 @@ class TccWork : public c10d::Work {
       const std::vector<at::Tensor>& inputs,
       int sourceRank = -1);
 
+  // Host ops: blocks until they finish. CUDA ops: the current stream waits.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // CUDA ops: the current stream waits for them (as wait() does).
+  void synchronize() override;
   // Both hand completion to code that does not wait: they make sure the
-  // core starts the ops at once (tcc_op_start).
+  // core starts the ops at once (tcc_op_start); for CUDA ops isCompleted
+  // queries the device.
   bool isCompleted() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
@@ -102,16 +129,23 @@ class TccWork : public c10d::Work {
   void completeFuture(c10::ivalue::Future& future, const std::exception_ptr& error);
   // tcc_op_start on every op of this work.
   void startOps();
+  // Makes the current stream wait for the CUDA ops; throws the error of
+  // any op that has already failed.
+  void waitOnStream();
 
   const char* op_;
   std::vector<c10::intrusive_ptr<PendingOp>> ops_;
   std::vector<at::Tensor> outputs_;
   const int sourceRank_;
+  int device_ = -1; // the CUDA device of the work's CUDA ops, -1: host only
+  void* ncclStream_ = nullptr;
   // Made on the first getFuture(): most works are only waited on, and a
-  // future costs an allocation and a scan of the outputs when completed.
+  // future costs allocations (a scan of the outputs when completed; CUDA:
+  // events). Host: completed by the last op, or at once if that was earlier.
+  // CUDA: complete and device-aware from the start.
   std::mutex futureMutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_; // guarded by futureMutex_
-  bool futureDue_ = false; // the work completed; guarded by futureMutex_
+  bool futureDue_ = false; // host ops completed; guarded by futureMutex_
   std::atomic<size_t> remaining_;
   std::mutex errorMutex_;
   std::exception_ptr firstError_;

@@ -14,10 +14,11 @@ The TorchComm-style API (torchcomm_backend.comm) is loaded on first use:
 """
 
 import importlib
+import json
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_extension", "new_comm", "ReduceOp", "TorchComm", "TorchWork",
+__all__ = ["__version__", "build_info", "load_extension", "new_comm", "ReduceOp", "TorchComm", "TorchWork",
            "TorchCommWindow"]
 
 # name -> module of the lazily loaded API (the entry point must stay cheap).
@@ -34,7 +35,6 @@ def __getattr__(name):
     return value
 
 _BACKEND_NAME = "tccomm"
-_DEVICES = ["cpu"]  # "cuda" joins once the core's CUDA path is built
 
 _extension = None
 
@@ -45,6 +45,26 @@ def load_extension():
     if _extension is None:
         _extension = importlib.import_module("torchcomm_backend._C")
     return _extension
+
+
+def build_info():
+    """What the extension was built with, e.g.
+    {"cuda": True, "nccl_header_version": 23007, "nccl_runtime_version": 23007,
+     "nccl_error": ""} (runtime version None, with the reason, when NCCL
+    cannot be loaded)."""
+    load_extension()
+    import torch
+
+    return json.loads(torch.ops.tccomm.build_info())
+
+
+def _devices():
+    """Devices the one tccomm backend object serves. Decided from torch
+    alone (registration must stay cheap: no extension load, no CUDA init);
+    a build that left CUDA out still refuses CUDA tensors with a clear error."""
+    import torch
+
+    return ["cpu", "cuda"] if torch.version.cuda else ["cpu"]
 
 
 def _create_backend(opts, pg_options=None):
@@ -62,7 +82,7 @@ def _register():
     if _BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return  # registered already (re-import, reload, entry point + import)
     dist.Backend.register_backend(
-        _BACKEND_NAME, _create_backend, extended_api=True, devices=list(_DEVICES)
+        _BACKEND_NAME, _create_backend, extended_api=True, devices=_devices()
     )
 
 

@@ -254,6 +254,50 @@ const char *tcc_window_last_error(const tcc_window_t *win);
  * until every rank has destroyed its window. */
 void tcc_window_destroy(tcc_window_t *win);
 
+/* ---- CUDA ------------------------------------------------------------ */
+/* A buffer with device >= 0 is CUDA memory on that device; `stream` (a
+ * cudaStream_t, NULL = the legacy default stream) is the caller's stream.
+ * All buffers of one op must be on the same device, and a communicator
+ * uses one device. Such an op runs through NCCL on the communicator's own
+ * stream, which first waits for the caller's stream; the op is complete
+ * when that work is (tcc_op_test / tcc_op_wait observe it from the host,
+ * tcc_op_stream_wait makes another stream wait for it). The NCCL
+ * communicator is created at the first CUDA op (every rank must issue it)
+ * or by tcc_comm_cuda_init. Unlike host collectives, CUDA collectives are
+ * not cross-checked between ranks, and point-to-point tags are ignored
+ * (NCCL matches sends and receives by order per peer).
+ *
+ * Ops enqueued while the caller's stream is capturing a CUDA graph are
+ * complete at once from the host's view (the graph replays them); their
+ * events are never queried and no host callback is tied to them. */
+
+/* 1 when this build of the core has the CUDA path (compiled with
+ * TCC_WITH_CUDA), else 0: CUDA buffers are then rejected. */
+int tcc_cuda_built(void);
+/* The NCCL_VERSION_CODE of the nccl.h the core was built with (0 without CUDA). */
+int tcc_nccl_header_version(void);
+/* Loads NCCL (the copy already in the process when there is one) and
+ * returns its version in *version. */
+tcc_result_t tcc_nccl_runtime_version(int *version, char *err, size_t errlen);
+/* Creates the NCCL communicator for `device` now rather than at the first
+ * CUDA op. Collective: every rank calls it. */
+tcc_result_t tcc_comm_cuda_init(tcc_comm_t *comm, int device);
+/* The communicator's CUDA device and stream (cudaStream_t); -1 / NULL
+ * before its NCCL communicator exists. */
+int tcc_comm_cuda_device(const tcc_comm_t *comm);
+void *tcc_comm_cuda_stream(const tcc_comm_t *comm);
+/* Brackets ops whose CUDA parts are issued as one NCCL group (one launch).
+ * Nestable; start and end must be called on the same thread. CUDA ops
+ * issued inside are enqueued at the outermost tcc_comm_group_end; host ops
+ * are unaffected. */
+tcc_result_t tcc_comm_group_start(tcc_comm_t *comm);
+tcc_result_t tcc_comm_group_end(tcc_comm_t *comm);
+/* 1 for an op on CUDA buffers. */
+int tcc_op_is_cuda(const tcc_op_t *op);
+/* Makes `stream` wait (on the device, the host does not block) until the
+ * CUDA op completes. TCC_OK at once for host ops. */
+tcc_result_t tcc_op_stream_wait(tcc_op_t *op, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

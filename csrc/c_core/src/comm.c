@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cuda.h"
 #include "internal.h"
 
 /* ---- failure state ---------------------------------------------------- */
@@ -24,7 +25,10 @@ void tcc_comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
     atomic_store(&comm->aborted, 1);
   }
   pthread_mutex_unlock(&comm->fail_lock);
-  if (first) tcc_engine_wake(comm);
+  if (first) {
+    tcc_engine_wake(comm);
+    tcc_cuda_wake(comm); /* aborts the NCCL communicator */
+  }
 }
 
 tcc_result_t tcc_comm_status(const tcc_comm_t *comm) {
@@ -117,6 +121,7 @@ tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
   snprintf(comm->name, sizeof comm->name, "%s", cfg->name && *cfg->name ? cfg->name : "tccomm");
   atomic_store(&comm->timeout_ms, cfg->timeout_ms > 0 ? cfg->timeout_ms : 30 * 60 * 1000LL);
   pthread_mutex_init(&comm->fail_lock, NULL);
+  pthread_mutex_init(&comm->cuda_lock, NULL);
   /* Spinning only pays when every rank has a core to itself. */
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   comm->spin_iters = cfg->size <= cpus ? 300 : 16;
@@ -142,6 +147,7 @@ fail:
   if (comm) {
     if (comm->ops) comm->ops->destroy(comm);
     pthread_mutex_destroy(&comm->fail_lock);
+    pthread_mutex_destroy(&comm->cuda_lock);
     free(comm);
   }
   free(blobs);
@@ -168,9 +174,12 @@ void tcc_comm_abort(tcc_comm_t *comm) {
 
 void tcc_comm_destroy(tcc_comm_t *comm) {
   if (!comm) return;
+  /* CUDA first: its watchdog may still fail ops through the engine's state. */
+  tcc_cuda_destroy(comm);
   tcc_engine_stop(comm);
   if (comm->ops) comm->ops->destroy(comm);
   pthread_mutex_destroy(&comm->fail_lock);
+  pthread_mutex_destroy(&comm->cuda_lock);
   free(comm);
 }
 
@@ -188,19 +197,34 @@ static tcc_result_t check_usable(tcc_comm_t *comm, const char *what) {
                 comm->name, comm->rank, cause);
 }
 
-static tcc_result_t check_buf(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b) {
+/* `dev` is the device of the op's first buffer: one op never mixes host
+ * and CUDA memory, nor two CUDA devices. */
+static tcc_result_t check_buf_on(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b, int dev) {
   if ((unsigned)b.dtype >= TCC_DTYPE_COUNT)
     return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid dtype (%d)", what,
                   comm->name, role, (int)b.dtype);
-  if (b.device != -1)
+  if (b.device < -1)
+    return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid device (%d)", what,
+                  comm->name, role, b.device);
+  if (b.device >= 0 && !tcc_cuda_built())
     return reject(comm, TCC_ERR_UNSUPPORTED,
-                  "tccomm %s on '%s': %s buffer is on device %d; this build of the core moves host "
-                  "memory only",
+                  "tccomm %s on '%s': %s buffer is on CUDA device %d, but tccomm was built without CUDA",
                   what, comm->name, role, b.device);
+  if (b.device != dev) {
+    char a[32], c[32];
+    snprintf(a, sizeof a, dev < 0 ? "host memory" : "CUDA device %d", dev);
+    snprintf(c, sizeof c, b.device < 0 ? "host memory" : "CUDA device %d", b.device);
+    return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': the op mixes %s and %s (%s buffer)", what,
+                  comm->name, a, c, role);
+  }
   if (b.count > 0 && !b.ptr)
     return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer is NULL with %zu elements", what,
                   comm->name, role, b.count);
   return TCC_OK;
+}
+
+static tcc_result_t check_buf(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b) {
+  return check_buf_on(comm, what, role, b, b.device);
 }
 
 static tcc_result_t check_same_dtype(tcc_comm_t *comm, const char *what, tcc_buf_t a, tcc_buf_t b) {
@@ -240,6 +264,7 @@ static tcc_op_t *op_alloc(tcc_comm_t *comm, tcc_op_kind_t kind, const tcc_op_opt
   op->kind = kind;
   op->timeout_ms = op_timeout(comm, opts);
   op->result = TCC_ERR_INPROGRESS;
+  op->cuda_device = -1;
   pthread_mutex_init(&op->cb_lock, NULL);
   return op;
 }
@@ -268,8 +293,24 @@ static int own_arrays(tcc_op_t *op, int n, const tcc_buf_t *sends, const tcc_buf
   return 0;
 }
 
+/* Hands a built op to the engine (host memory) or to NCCL (CUDA memory). */
+static tcc_result_t submit_op(tcc_comm_t *comm, tcc_op_t *op, tcc_buf_t where, tcc_op_t **out) {
+  if (where.device >= 0) {
+    tcc_err_t err = {TCC_OK, {0}};
+    tcc_result_t r = tcc_cuda_submit(comm, op, where.device, where.stream, &err); /* consumes op on failure */
+    if (r != TCC_OK) return reject(comm, r, "%s", err.msg);
+  } else {
+    tcc_engine_submit(comm, op);
+  }
+  *out = op;
+  return TCC_OK;
+}
+
+/* `where` is any buffer of the op: its device (and, for CUDA, the
+ * caller's stream) decide whether the engine or NCCL runs it. */
 static tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_op_opts_t *opts,
-                                const tcc_buf_t *sends, const tcc_buf_t *recvs, tcc_op_t **out) {
+                                const tcc_buf_t *sends, const tcc_buf_t *recvs, tcc_buf_t where,
+                                tcc_op_t **out) {
   tcc_op_t *op = op_alloc(comm, TCC_OP_COLL, opts);
   if (!op) return reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
   op->coll = *c;
@@ -281,9 +322,7 @@ static tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc
   }
   if (!sends) op->coll.sends = NULL;
   if (!recvs) op->coll.recvs = NULL;
-  tcc_engine_submit(comm, op);
-  *out = op;
-  return TCC_OK;
+  return submit_op(comm, op, where, out);
 }
 
 #define TRY(expr)                       \
@@ -300,7 +339,7 @@ tcc_result_t tcc_broadcast(tcc_comm_t *comm, tcc_buf_t buf, int root, const tcc_
   TRY(check_buf(comm, w, "the", buf));
   tcc_coll_t c = {.kind = TCC_COLL_BROADCAST, .dtype = buf.dtype, .root = root, .count = buf.count,
                   .send = buf.ptr, .recv = buf.ptr};
-  return submit_coll(comm, &c, opts, NULL, NULL, op);
+  return submit_coll(comm, &c, opts, NULL, NULL, buf, op);
 }
 
 static tcc_result_t reduction(tcc_comm_t *comm, tcc_coll_kind_t kind, tcc_buf_t send, tcc_buf_t recv,
@@ -312,13 +351,13 @@ static tcc_result_t reduction(tcc_comm_t *comm, tcc_coll_kind_t kind, tcc_buf_t 
   TRY(check_redop(comm, w, send.dtype, redop));
   int needs_recv = kind == TCC_COLL_ALLREDUCE || comm->rank == root;
   if (needs_recv) {
-    TRY(check_buf(comm, w, "output", recv));
+    TRY(check_buf_on(comm, w, "output", recv, send.device));
     TRY(check_same_dtype(comm, w, send, recv));
     TRY(check_count(comm, w, "the output", recv.count, send.count));
   }
   tcc_coll_t c = {.kind = kind, .dtype = send.dtype, .redop = redop, .root = root,
                   .count = send.count, .send = send.ptr, .recv = needs_recv ? recv.ptr : NULL};
-  return submit_coll(comm, &c, opts, NULL, NULL, op);
+  return submit_coll(comm, &c, opts, NULL, NULL, send, op);
 }
 
 tcc_result_t tcc_allreduce(tcc_comm_t *comm, tcc_buf_t send, tcc_buf_t recv, tcc_redop_t redop,
@@ -339,7 +378,7 @@ static tcc_result_t check_uniform(tcc_comm_t *comm, const char *w, const char *r
   for (int j = 0; j < comm->size; j++) {
     char name[64];
     snprintf(name, sizeof name, "%s[%d]", role, j);
-    TRY(check_buf(comm, w, name, bufs[j]));
+    TRY(check_buf_on(comm, w, name, bufs[j], like.device));
     TRY(check_same_dtype(comm, w, like, bufs[j]));
     TRY(check_count(comm, w, name, bufs[j].count, like.count));
   }
@@ -354,7 +393,7 @@ tcc_result_t tcc_allgather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *re
   TRY(check_uniform(comm, w, "output", recvs, send));
   tcc_coll_t c = {.kind = TCC_COLL_ALLGATHER, .dtype = send.dtype, .count = send.count,
                   .send = send.ptr};
-  return submit_coll(comm, &c, opts, NULL, recvs, op);
+  return submit_coll(comm, &c, opts, NULL, recvs, send, op);
 }
 
 tcc_result_t tcc_gather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs, int root,
@@ -367,7 +406,7 @@ tcc_result_t tcc_gather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs
   if (is_root) TRY(check_uniform(comm, w, "output", recvs, send));
   tcc_coll_t c = {.kind = TCC_COLL_GATHER, .dtype = send.dtype, .root = root, .count = send.count,
                   .send = send.ptr};
-  return submit_coll(comm, &c, opts, NULL, is_root ? recvs : NULL, op);
+  return submit_coll(comm, &c, opts, NULL, is_root ? recvs : NULL, send, op);
 }
 
 tcc_result_t tcc_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t recv, int root,
@@ -380,7 +419,7 @@ tcc_result_t tcc_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t rec
   if (is_root) TRY(check_uniform(comm, w, "input", sends, recv));
   tcc_coll_t c = {.kind = TCC_COLL_SCATTER, .dtype = recv.dtype, .root = root, .count = recv.count,
                   .recv = recv.ptr};
-  return submit_coll(comm, &c, opts, is_root ? sends : NULL, NULL, op);
+  return submit_coll(comm, &c, opts, is_root ? sends : NULL, NULL, recv, op);
 }
 
 tcc_result_t tcc_reduce_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t recv,
@@ -392,7 +431,7 @@ tcc_result_t tcc_reduce_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_bu
   TRY(check_redop(comm, w, recv.dtype, redop));
   tcc_coll_t c = {.kind = TCC_COLL_REDUCE_SCATTER, .dtype = recv.dtype, .redop = redop,
                   .count = recv.count, .recv = recv.ptr};
-  return submit_coll(comm, &c, opts, sends, NULL, op);
+  return submit_coll(comm, &c, opts, sends, NULL, recv, op);
 }
 
 tcc_result_t tcc_alltoall(tcc_comm_t *comm, const tcc_buf_t *sends, const tcc_buf_t *recvs,
@@ -403,8 +442,8 @@ tcc_result_t tcc_alltoall(tcc_comm_t *comm, const tcc_buf_t *sends, const tcc_bu
     return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': the input and output lists are required", w,
                   comm->name);
   for (int j = 0; j < comm->size; j++) {
-    TRY(check_buf(comm, w, "input", sends[j]));
-    TRY(check_buf(comm, w, "output", recvs[j]));
+    TRY(check_buf_on(comm, w, "input", sends[j], sends[0].device));
+    TRY(check_buf_on(comm, w, "output", recvs[j], sends[0].device));
     TRY(check_same_dtype(comm, w, sends[0], sends[j]));
     TRY(check_same_dtype(comm, w, sends[0], recvs[j]));
   }
@@ -413,13 +452,14 @@ tcc_result_t tcc_alltoall(tcc_comm_t *comm, const tcc_buf_t *sends, const tcc_bu
                   "tccomm %s on '%s': rank %d sends %zu elements to itself but expects %zu", w,
                   comm->name, comm->rank, sends[comm->rank].count, recvs[comm->rank].count);
   tcc_coll_t c = {.kind = TCC_COLL_ALLTOALL, .dtype = sends[0].dtype};
-  return submit_coll(comm, &c, opts, sends, recvs, op);
+  return submit_coll(comm, &c, opts, sends, recvs, sends[0], op);
 }
 
 tcc_result_t tcc_barrier(tcc_comm_t *comm, const tcc_op_opts_t *opts, tcc_op_t **op) {
   TRY(check_usable(comm, tcc_coll_name(TCC_COLL_BARRIER)));
   tcc_coll_t c = {.kind = TCC_COLL_BARRIER, .dtype = TCC_UINT8};
-  return submit_coll(comm, &c, opts, NULL, NULL, op);
+  const tcc_buf_t host = {NULL, 0, TCC_UINT8, -1, NULL};
+  return submit_coll(comm, &c, opts, NULL, NULL, host, op);
 }
 
 static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int peer, uint64_t tag,
@@ -437,9 +477,7 @@ static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int
   op->tag = tag;
   op->buf = buf.ptr;
   op->bytes = buf.count * tcc_dtype_size(buf.dtype);
-  tcc_engine_submit(comm, op);
-  *out = op;
-  return TCC_OK;
+  return submit_op(comm, op, buf, out);
 }
 
 tcc_result_t tcc_send(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,

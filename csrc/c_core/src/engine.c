@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cuda.h"
 #include "internal.h"
 
 #define P2P_MAGIC 0x74637032u /* "tcp2" */
@@ -630,7 +631,10 @@ void tcc_engine_stop(tcc_comm_t *comm) {
 
 /* ---- op handles ------------------------------------------------------- */
 
-int tcc_op_test(tcc_op_t *op) { return atomic_load(&op->finished); }
+int tcc_op_test(tcc_op_t *op) {
+  if (op->cuda_device >= 0) return tcc_cuda_op_test(op);
+  return atomic_load(&op->finished);
+}
 
 tcc_result_t tcc_op_result(const tcc_op_t *op) {
   return atomic_load(&((tcc_op_t *)op)->finished) ? op->result : TCC_ERR_INPROGRESS;
@@ -644,7 +648,7 @@ tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms) {
   if (atomic_load(&op->finished)) return op->result;
   tcc_comm_t *comm = op->comm;
   /* Run the queue ourselves when nobody else is: see the file comment. */
-  if (op->kind == TCC_OP_COLL && comm->engine && claim_runner(comm->engine)) {
+  if (op->kind == TCC_OP_COLL && op->cuda_device < 0 && comm->engine && claim_runner(comm->engine)) {
     run_collective_queue(comm, op);
     release_runner(comm->engine);
   }
@@ -666,7 +670,7 @@ tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms) {
 
 void tcc_op_start(tcc_op_t *op) {
   /* A finished op may outlive its communicator: do not touch it then. */
-  if (op->kind != TCC_OP_COLL || atomic_load(&op->finished)) return;
+  if (op->kind != TCC_OP_COLL || op->cuda_device >= 0 || atomic_load(&op->finished)) return;
   tcc_engine_t *e = op->comm->engine;
   pthread_mutex_lock(&e->lock);
   if (e->coll_head && !e->runner_busy) pthread_cond_signal(&e->coll_cv);
@@ -691,6 +695,7 @@ void tcc_op_release(tcc_op_t *op) {
   if (!op) return;
   if (atomic_fetch_sub(&op->refs, 1) != 1) return;
   pthread_mutex_destroy(&op->cb_lock);
+  tcc_cuda_op_free(op);
   free(op->owned_arrays);
   free(op);
 }

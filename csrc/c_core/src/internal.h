@@ -216,6 +216,13 @@ struct tcc_op {
   pthread_mutex_t cb_lock;
   tcc_op_callback_t cb;
   void *cb_arg;
+  /* CUDA ops only (cuda_comm.c) */
+  int cuda_device;         /* -1: a host op */
+  _Atomic(void *) cuda_event; /* completion event, published once recorded (other threads test it) */
+  void *cuda_tmp;          /* staging memory freed after the NCCL call */
+  int cuda_captured;       /* enqueued into a CUDA graph capture: never queried */
+  atomic_int cuda_reaped;  /* whoever sets it first finishes the op */
+  struct tcc_op *cuda_next; /* watchdog / open group list link */
 };
 
 typedef struct tcc_engine tcc_engine_t;
@@ -248,6 +255,10 @@ struct tcc_comm {
   char last_error[TCC_ERRLEN]; /* last rejected call, for tcc_comm_last_error */
   /* spin budget for waits: large when every rank has its own core */
   int spin_iters;
+  /* CUDA path (cuda_comm.c): NULL until the first CUDA op or tcc_comm_cuda_init */
+  _Atomic(struct tcc_cuda *) cuda;
+  pthread_mutex_t cuda_lock; /* creation of `cuda`, issuing CUDA ops, groups */
+  int group_depth;           /* tcc_comm_group_start nesting; under cuda_lock */
 };
 
 /* Marks the communicator failed (first failure wins) so later ops fail

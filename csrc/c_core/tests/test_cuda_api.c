@@ -1,0 +1,103 @@
+/*
+ * test_cuda_api.c - the CUDA part of the public API in a core built
+ * without CUDA (the default `make`): every CUDA entry point answers
+ * clearly, CUDA buffers are refused before anything is queued, and the
+ * communicator stays usable. (The CUDA path itself is compiled by
+ * `make cuda-check` and exercised on a GPU by tests/test_cuda.py.)
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "tccomm.h"
+
+static tcc_comm_t *one_rank_comm(void) {
+  tcc_endpoint_t *ep;
+  uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
+  char err[512];
+  if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) return NULL;
+  tcc_comm_config_t cfg = {0, 1, 10000, "cuda-api", TCC_TRANSPORT_AUTO};
+  tcc_comm_t *comm = NULL;
+  if (tcc_comm_create(&cfg, ep, blob, &comm, err, sizeof err) != TCC_OK) {
+    fprintf(stderr, "create: %s\n", err);
+    return NULL;
+  }
+  return comm;
+}
+
+static tcc_buf_t buf(void *p, size_t n, int device) {
+  tcc_buf_t b = {p, n, TCC_FLOAT32, device, NULL};
+  return b;
+}
+
+static void host_allreduce_works(tcc_comm_t *comm, const char *when) {
+  float x[3] = {1, 2, 3};
+  tcc_op_t *op = NULL;
+  tcc_result_t r = tcc_allreduce(comm, buf(x, 3, -1), buf(x, 3, -1), TCC_SUM, NULL, &op);
+  CHECK(r == TCC_OK, "%s: host allreduce refused: %s", when, tcc_comm_last_error(comm));
+  if (r != TCC_OK) return;
+  CHECK(tcc_op_wait(op, -1) == TCC_OK, "%s: host allreduce failed: %s", when, tcc_op_error(op));
+  CHECK(!tcc_op_is_cuda(op), "a host op reports CUDA");
+  CHECK(tcc_op_stream_wait(op, NULL) == TCC_OK, "stream wait on a host op must be a no-op");
+  CHECK(x[0] == 1 && x[2] == 3, "%s: 1-rank allreduce changed the data", when);
+  tcc_op_release(op);
+}
+
+static void cuda_buffers_refused(tcc_comm_t *comm) {
+  float x[4] = {0};
+  tcc_op_t *op = NULL;
+  tcc_result_t r = tcc_allreduce(comm, buf(x, 4, 0), buf(x, 4, 0), TCC_SUM, NULL, &op);
+  CHECK(r == TCC_ERR_UNSUPPORTED, "CUDA allreduce: got %s", tcc_result_string(r));
+  const char *msg = tcc_comm_last_error(comm);
+  CHECK(strstr(msg, "allreduce") && strstr(msg, "built without CUDA"), "message: %s", msg);
+
+  r = tcc_broadcast(comm, buf(x, 4, 0), 0, NULL, &op);
+  CHECK(r == TCC_ERR_UNSUPPORTED && strstr(tcc_comm_last_error(comm), "broadcast"), "broadcast: %s",
+        tcc_comm_last_error(comm));
+  /* Output on CUDA, input on the host: refused at the output. */
+  r = tcc_allreduce(comm, buf(x, 4, -1), buf(x, 4, 0), TCC_SUM, NULL, &op);
+  CHECK(r == TCC_ERR_UNSUPPORTED, "mixed allreduce: got %s", tcc_result_string(r));
+  r = tcc_allreduce(comm, buf(x, 4, -2), buf(x, 4, -2), TCC_SUM, NULL, &op);
+  CHECK(r == TCC_ERR_INVALID && strstr(tcc_comm_last_error(comm), "invalid device"), "device -2: %s",
+        tcc_comm_last_error(comm));
+}
+
+static void cuda_calls_answer(tcc_comm_t *comm) {
+  CHECK(tcc_cuda_built() == 0, "the default make builds the host-only core");
+  CHECK(tcc_nccl_header_version() == 0, "no nccl.h in a host-only build");
+  int v = -1;
+  char err[256] = {0};
+  CHECK(tcc_nccl_runtime_version(&v, err, sizeof err) == TCC_ERR_UNSUPPORTED && v == 0, "runtime version");
+  CHECK(strstr(err, "without CUDA") != NULL, "runtime version message: %s", err);
+  CHECK(tcc_comm_cuda_init(comm, 0) == TCC_ERR_UNSUPPORTED, "cuda_init must refuse");
+  CHECK(strstr(tcc_comm_last_error(comm), "without CUDA"), "cuda_init message: %s", tcc_comm_last_error(comm));
+  CHECK(tcc_comm_cuda_device(comm) == -1 && tcc_comm_cuda_stream(comm) == NULL, "no CUDA state");
+}
+
+static void groups(tcc_comm_t *comm) {
+  CHECK(tcc_comm_group_end(comm) == TCC_ERR_INVALID, "group end without start must fail");
+  CHECK(strstr(tcc_comm_last_error(comm), "without a group start"), "message: %s", tcc_comm_last_error(comm));
+  CHECK(tcc_comm_group_start(comm) == TCC_OK, "group start");
+  CHECK(tcc_comm_group_start(comm) == TCC_OK, "nested group start");
+  host_allreduce_works(comm, "inside a group"); /* host ops are not deferred */
+  CHECK(tcc_comm_group_end(comm) == TCC_OK, "inner group end");
+  CHECK(tcc_comm_group_end(comm) == TCC_OK, "outer group end");
+  CHECK(tcc_comm_group_end(comm) == TCC_ERR_INVALID, "groups are balanced again");
+}
+
+int main(void) {
+  alarm(120);
+  unsetenv("TCCOMM_TRANSPORT");
+  tcc_comm_t *comm = one_rank_comm();
+  CHECK(comm != NULL, "cannot create a 1-rank communicator");
+  if (!comm) CHECK_DONE();
+  cuda_calls_answer(comm);
+  cuda_buffers_refused(comm);
+  host_allreduce_works(comm, "after refused CUDA ops");
+  groups(comm);
+  CHECK(tcc_comm_status(comm) == TCC_OK, "refusals must not fail the communicator");
+  tcc_comm_destroy(comm);
+  printf("ok   cuda api (host-only build)\n");
+  CHECK_DONE();
+}

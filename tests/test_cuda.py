@@ -1,0 +1,225 @@
+"""tccomm on CUDA.
+
+Runs everywhere:
+  * the extension says whether its CUDA path was built: always when torch has
+    CUDA (no GPU needed), never with a CPU-only torch; the NCCL it finds at
+    run time is the very copy torch loaded;
+  * the C core's CUDA path compiles warning-free against the real nccl.h and,
+    linked with cudart, loads NCCL and refuses CUDA ops clearly without a GPU
+    (make cuda-test);
+  * without a GPU, asking for CUDA fails with a clear error, not a crash.
+Needs a GPU (skipped with the reason otherwise), all ranks on cuda:0, one
+process per rank (tests/_cuda_worker.py), each claiming its own host:
+  * every op at world size 1, 2 and 3; eager init with device_id;
+  * CUDA-graph capture of an all_reduce and 10 replays (world 1 and 2);
+  * DDP on CUDA ends with the same parameters as on `nccl`;
+  * a peer that never joins: the op fails after the group's timeout.
+"""
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "_cuda_worker.py")
+GPU_TIMEOUT = int(os.environ.get("TCCOMM_TEST_CUDA_TIMEOUT", "300"))
+
+HAS_GPU = torch.cuda.is_available() and torch.cuda.device_count() > 0
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (none is visible to torch)")
+
+
+def build_info():
+    import torchcomm_backend
+
+    return torchcomm_backend.build_info()
+
+
+# ---- no GPU needed -------------------------------------------------------------
+
+def test_build_has_cuda_exactly_when_torch_has():
+    info = build_info()
+    if torch.version.cuda is None:
+        assert info["cuda"] is False, info
+        assert info["nccl_header_version"] == 0, info
+        return
+    assert info["cuda"] is True, f"torch has CUDA {torch.version.cuda} but tccomm was built without it: {info}"
+    assert info["nccl_header_version"] >= 20700, info
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="torch has no CUDA, so no NCCL to find")
+def test_runtime_nccl_is_torchs_copy():
+    info = build_info()
+    assert info["nccl_runtime_version"] is not None, f"tccomm could not load NCCL: {info['nccl_error']}"
+    major, minor, patch = torch.cuda.nccl.version()[:3]
+    assert info["nccl_runtime_version"] == major * 10000 + minor * 100 + patch, (info, torch.cuda.nccl.version())
+    # One copy in the process: the core looked it up by soname (RTLD_NOLOAD first).
+    with open(f"/proc/{os.getpid()}/maps") as f:
+        paths = {line.split()[-1] for line in f if "libnccl.so" in line}
+    assert len(paths) == 1, f"more than one NCCL mapped: {paths}"
+
+
+def _nccl_include():
+    env = os.environ.get("NCCL_INCLUDE_DIR")
+    if env and os.path.isfile(os.path.join(env, "nccl.h")):
+        return env
+    try:
+        import nvidia.nccl
+
+        for p in nvidia.nccl.__path__:
+            if os.path.isfile(os.path.join(p, "include", "nccl.h")):
+                return os.path.join(p, "include")
+    except ImportError:
+        pass
+    return None
+
+
+def _cuda_include():
+    for d in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        if d and os.path.isfile(os.path.join(d, "include", "cuda_runtime_api.h")):
+            return os.path.join(d, "include")
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        d = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include")
+        if os.path.isfile(os.path.join(d, "cuda_runtime_api.h")):
+            return d
+    return None
+
+
+def test_c_core_cuda_path_compiles_warning_free_and_runs():
+    if shutil.which("make") is None:
+        pytest.skip("`make` is not installed")
+    nccl, cuda = _nccl_include(), _cuda_include()
+    if nccl is None:
+        pytest.skip("no nccl.h (install nvidia-nccl-cu* or set NCCL_INCLUDE_DIR)")
+    if cuda is None:
+        pytest.skip("no CUDA toolkit headers (cuda_runtime_api.h; set CUDA_HOME)")
+    core = os.path.join(ROOT, "csrc", "c_core")
+    shutil.rmtree(os.path.join(core, "build", "cuda"), ignore_errors=True)  # compile every file now
+    nccl_lib = os.path.join(os.path.dirname(nccl), "lib")
+    proc = subprocess.run(["make", "-C", core, "cuda-test", f"NCCL_INCLUDE={nccl}", f"CUDA_INCLUDE={cuda}",
+                           f"NCCL_LIB={nccl_lib}"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, "make cuda-test failed:\n" + "\n".join(proc.stdout.splitlines()[-40:])
+    assert "warning:" not in proc.stdout, proc.stdout
+    assert "no warnings" in proc.stdout, proc.stdout
+    assert "1 passed, 0 failed" in proc.stdout, proc.stdout
+
+
+NO_GPU_SCRIPT = r"""
+import os, sys, torch, torch.distributed as dist
+import torchcomm_backend
+dist.init_process_group("tccomm", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
+try:
+    dist.all_reduce(torch.ones(4, device="cuda"))
+except Exception as e:
+    print("CUDA-TENSOR-ERROR:", type(e).__name__, e)
+# the group still works on CPU
+t = torch.ones(4); dist.all_reduce(t); assert t.sum().item() == 4
+dist.destroy_process_group()
+if torch.version.cuda and hasattr(torch.distributed.distributed_c10d, "_get_default_group"):
+    try:
+        dist.init_process_group("tccomm", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1,
+                                device_id=torch.device("cuda", 0))
+        print("EAGER-INIT: no error")
+    except Exception as e:
+        print("EAGER-INIT-ERROR:", type(e).__name__, e)
+print("ALIVE")
+"""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is present: CUDA tensors work (covered by the GPU tests)")
+def test_cuda_without_gpu_is_a_clear_error():
+    script = NO_GPU_SCRIPT % (_free_port(), _free_port())
+    proc = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=120)
+    out = proc.stdout
+    assert proc.returncode == 0 and "ALIVE" in out, f"the process did not survive:\n{out[-3000:]}"
+    # torch itself refuses to make a CUDA tensor without a GPU, before tccomm sees it.
+    assert "CUDA-TENSOR-ERROR" in out, out[-3000:]
+    if torch.version.cuda and "EAGER-INIT" in out:
+        line = next(ln for ln in out.splitlines() if ln.startswith("EAGER-INIT"))
+        assert "ERROR" in line, line
+        low = line.lower()
+        assert ("cuda" in low and ("device" in low or "driver" in low)), line
+
+
+# ---- GPU ---------------------------------------------------------------------------
+
+def _run_group(scenario, world):
+    """Runs `scenario` with `world` ranks on cuda:0; returns {rank: status}."""
+    outdir = tempfile.mkdtemp(prefix=f"tccomm-cuda-{scenario}-")
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
+                   CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+        if world > 1:
+            # Several ranks on one GPU: NCCL must see separate hosts talking over sockets.
+            env.update(NCCL_HOSTID=f"tccomm-test-host-{rank}", NCCL_SOCKET_IFNAME="lo", NCCL_NET="Socket",
+                       NCCL_IB_DISABLE="1", NCCL_MNNVL_ENABLE="0")
+        log = open(os.path.join(outdir, f"rank{rank}.log"), "w")
+        procs.append(subprocess.Popen([sys.executable, WORKER, scenario, outdir], env=env, cwd=HERE,
+                                      stdout=log, stderr=subprocess.STDOUT))
+    try:
+        for p in procs:
+            p.wait(timeout=GPU_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        logs = "\n".join(f"--- rank {r}:\n" + open(f).read()[-2000:]
+                         for r, f in enumerate(sorted(glob.glob(os.path.join(outdir, "rank*.log")))))
+        pytest.fail(f"{scenario} at world {world} hung for {GPU_TIMEOUT} s\n{logs}", pytrace=False)
+    bad = {}
+    for rank, p in enumerate(procs):
+        res = os.path.join(outdir, f"rank{rank}.txt")
+        status = open(res).read() if os.path.exists(res) else f"no result (exit {p.returncode})"
+        if status != "ok" or p.returncode != 0:
+            log = open(os.path.join(outdir, f"rank{rank}.log")).read()[-2000:]
+            bad[rank] = f"{status}\n{log}"
+    if bad:
+        pytest.fail(f"{scenario} at world {world}:\n" + "\n".join(f"rank {r}: {m}" for r, m in bad.items()),
+                    pytrace=False)
+    shutil.rmtree(outdir, ignore_errors=True)
+
+
+@needs_gpu
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_op(world):
+    _run_group("ops", world)
+
+
+@needs_gpu
+@pytest.mark.parametrize("world", [1, 2])
+def test_eager_init_with_device_id(world):
+    _run_group("eager", world)
+
+
+@needs_gpu
+@pytest.mark.parametrize("world", [1, 2])
+def test_cuda_graph_capture_and_replay(world):
+    _run_group("graph", world)
+
+
+@needs_gpu
+def test_ddp_matches_nccl():
+    _run_group("ddp", 2)
+
+
+@needs_gpu
+def test_peer_never_joins_times_out():
+    _run_group("timeout", 2)
