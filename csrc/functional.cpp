@@ -13,6 +13,12 @@
 // The kernels are boxed: the group argument is `Any` (a group name or a
 // ProcessGroup object) and both forms are read from the IValue.
 //
+// torch (2.14) also gives these ops Python autograd functions (registered
+// when funcol is imported), which every call enters even when no gradient is
+// needed. Our AutogradCPU kernels skip that detour for tccomm groups (and for
+// wait_tensor) when no input requires grad, and hand every other call to
+// whatever torch has registered for autograd.
+//
 // TCCOMM_FUNCOL_FASTPATH=0 in the environment when the extension is loaded
 // skips the registration: every group then takes torch's kernels.
 // torch.ops.tccomm.functional_fast_path_calls() counts the ops served here.
@@ -27,6 +33,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/library.h>
@@ -297,6 +305,63 @@ void kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::
   torch::jit::push(*stack, std::move(result));
 }
 
+// True when autograd has something to record for this call: grad mode is
+// on and a tensor argument requires grad.
+bool needsGrad(c10::ArrayRef<c10::IValue> args) {
+  if (!c10::GradMode::is_enabled()) {
+    return false;
+  }
+  for (const auto& a : args) {
+    if (a.isTensor() && a.toTensor().requires_grad()) {
+      return true;
+    }
+    if (a.isTensorList()) {
+      for (const at::Tensor& t : a.toTensorList()) {
+        if (t.requires_grad()) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+// Whatever torch has for autograd on this op now: the Autograd alias key
+// fills every autograd runtime key alike, and we replace only AutogradCPU,
+// so AutogradOther still holds it (the Python autograd functions that
+// importing funcol registers, or the autograd fallback).
+void callTorchAutograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  handle.getComputedKernelForDispatchKey(c10::DispatchKey::AutogradOther).callBoxed(handle, keys, stack);
+}
+
+// Without a gradient to track, torch's autograd kernels for these ops only
+// redispatch below autograd; from Python that detour costs more than the
+// collective itself on small tensors. On a tccomm group (or for wait_tensor,
+// which has no group) we do the same redispatch in C++.
+void belowAutograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  at::AutoDispatchBelowAutograd guard;
+  handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+}
+
+template <size_t kIndex>
+void autogradKernel(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const OpInfo& info = opInfo[kIndex];
+  auto args = torch::jit::last(*stack, info.numArgs);
+  if (!needsGrad(args) && tccBackendOf(args[info.groupArg])) {
+    belowAutograd(handle, keys, stack);
+  } else {
+    callTorchAutograd(handle, keys, stack);
+  }
+}
+
+void waitTensorAutogradKernel(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (!needsGrad(torch::jit::last(*stack, 1))) {
+    belowAutograd(handle, keys, stack);
+  } else {
+    callTorchAutograd(handle, keys, stack);
+  }
+}
+
 bool fastPathEnabled() {
   const char* v = std::getenv("TCCOMM_FUNCOL_FASTPATH");
   return v == nullptr || std::strcmp(v, "0") != 0;
@@ -328,6 +393,15 @@ void installAll(torch::Library& m, std::index_sequence<kIndices...>) {
   (install<kIndices>(m), ...);
 }
 
+// The autograd kernels need what install() recorded: their registration
+// block comes after the CPU one (static initializers of one file run in order).
+template <size_t... kIndices>
+void installAutogradAll(torch::Library& m, std::index_sequence<kIndices...>) {
+  TORCH_INTERNAL_ASSERT(((opInfo[kIndices].numArgs > 0) && ...), "tccomm: functional ops not installed yet");
+  (m.impl(kOps[kIndices].name, torch::CppFunction::makeFromBoxedFunction<&autogradKernel<kIndices>>()), ...);
+  m.impl("wait_tensor", torch::CppFunction::makeFromBoxedFunction<&waitTensorAutogradKernel>());
+}
+
 } // namespace
 } // namespace tccomm
 
@@ -338,5 +412,11 @@ TORCH_LIBRARY_FRAGMENT(tccomm, m) {
 TORCH_LIBRARY_IMPL(_c10d_functional, CPU, m) {
   if (tccomm::fastPathEnabled()) {
     tccomm::installAll(m, std::make_index_sequence<tccomm::kNumOps>());
+  }
+}
+
+TORCH_LIBRARY_IMPL(_c10d_functional, AutogradCPU, m) {
+  if (tccomm::fastPathEnabled()) {
+    tccomm::installAutogradAll(m, std::make_index_sequence<tccomm::kNumOps>());
   }
 }

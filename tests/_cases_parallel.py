@@ -181,6 +181,33 @@ def c_funcol_ops(ctx):
         dist.destroy_process_group(gloo)
 
 
+def c_funcol_autograd(ctx):
+    """Gradients through funcol.all_reduce and all_gather_tensor (torch's
+    autograd functions for the functional ops, which tccomm hands calls that
+    need a gradient) match the analytic ones, on tccomm and on gloo."""
+    W, r = ctx.world, ctx.rank
+    gloo = dist.new_group(list(range(W)), backend="gloo")
+    try:
+        for label, group in (("test", dist.group.WORLD), ("gloo", gloo)):
+            x = torch.arange(4.0, requires_grad=True)
+            y = funcol.all_reduce(x * (r + 1), "sum", group)
+            y = y.wait() if hasattr(y, "wait") else y
+            (y * (r + 1)).sum().backward()
+            # d/dx of sum_q (q+1) * sum_p (p+1) x = (r+1) * sum_q (q+1), per rank
+            s = sum(q + 1 for q in range(W))
+            ctx.compare(x.grad, torch.full((4,), float((r + 1) * s)), f"{label}: grad of all_reduce")
+            z = torch.full((3,), float(r), requires_grad=True)
+            g = funcol.all_gather_tensor(z, 0, group)
+            g = g.wait() if hasattr(g, "wait") else g
+            weights = torch.arange(3.0 * W) * (r + 1)
+            (g * weights).sum().backward()
+            # block r of the gathered output is z; its weight summed over ranks
+            expected = torch.arange(3.0 * r, 3.0 * r + 3) * s
+            ctx.compare(z.grad, expected, f"{label}: grad of all_gather_tensor")
+    finally:
+        dist.destroy_process_group(gloo)
+
+
 def c_funcol_bad_input(ctx):
     """Bad arguments to the functional ops raise clear errors naming the op
     and the cause; the group stays usable."""
@@ -419,6 +446,7 @@ def c_dtensor_tp(ctx):
 
 def _register():
     add("funcol_ops", "funcol", c_funcol_ops)
+    add("funcol_autograd", "funcol", c_funcol_autograd)
     add("funcol_bad_input", "funcol", c_funcol_bad_input, gloo_skip="tccomm's own messages")
     add("compile_funcol", "compile", c_compile_funcol, specs=COMPILE_SPECS,
         hang_limit=COMPILE_HANG_LIMIT)
