@@ -167,8 +167,8 @@ def test_abort_on_timeout(tmp_path):
 def test_new_comm_refuses(monkeypatch):
     with pytest.raises(ValueError, match="unknown backend 'nccl'"):
         tc.new_comm("nccl", torch.device("cpu"))
-    with pytest.raises(RuntimeError, match="CUDA devices are not supported yet"):
-        tc.new_comm("tccomm", torch.device("cuda"))
+    with pytest.raises(ValueError, match="device mps is not supported"):
+        tc.new_comm("tccomm", torch.device("mps"))
     for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ValueError, match="no torchrun environment"):
@@ -202,3 +202,52 @@ def test_reduce_ops():
     assert tc.ReduceOp.PREMUL_SUM(2) == tc.ReduceOp.PREMUL_SUM(2.0)
     with pytest.raises(TypeError, match="factor"):
         tc.ReduceOp.PREMUL_SUM("2")
+
+
+# ---- CUDA ------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: covered by the GPU test below")
+def test_new_comm_cuda_without_gpu_is_clear():
+    cause = "no CUDA path" if not tc.build_info()["cuda"] else "torch sees no CUDA device"
+    with pytest.raises(RuntimeError, match=cause):
+        tc.new_comm("tccomm", torch.device("cuda"), store=dist.HashStore())
+
+
+CUDA_SCRIPT = r"""
+import os, tempfile, torch, torch.distributed as dist
+import torchcomm_backend as tc
+os.environ.update(RANK="0", WORLD_SIZE="1")
+comm = tc.new_comm("tccomm", torch.device("cuda"), store=dist.FileStore(tempfile.mktemp(), 1))
+t = torch.arange(8.0, device="cuda")
+comm.all_reduce(t, tc.ReduceOp.SUM, async_op=False)
+assert torch.equal(t, torch.arange(8.0, device="cuda")), t
+out = torch.empty(8, device="cuda")
+work = comm.all_to_all_v_single(out, t * 2, [8], [8], async_op=True)
+work.wait()  # the current stream waits; reading `out` on it is ordered after the op
+assert torch.equal(out, torch.arange(8.0, device="cuda") * 2), out
+# CUDA-graph capture as in the reference's example, replayed 10 times.
+x = torch.ones(4, device="cuda")
+stream = torch.cuda.Stream()
+stream.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(stream):
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        comm.all_reduce(x, tc.ReduceOp.SUM, async_op=False)
+        x.mul_(2)
+torch.cuda.current_stream().wait_stream(stream)
+x.fill_(1)
+for _ in range(10):
+    graph.replay()
+torch.cuda.synchronize()
+assert torch.equal(x, torch.full((4,), 1024.0, device="cuda")), x
+comm.finalize()
+print("OK")
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none is visible to torch)")
+def test_cuda_ops_stream_wait_and_graph_capture():
+    out = subprocess.run([sys.executable, "-c", CUDA_SCRIPT], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

@@ -54,7 +54,9 @@ def new_comm(backend, device, *, store=None, timeout=None, name=None, hints=None
              abort_process_on_timeout_or_error=None):
     """Creates a communicator over every rank (collective).
 
-    backend: "tccomm". device: torch.device("cpu") (CUDA is not supported yet).
+    backend: "tccomm". device: torch.device("cpu"), or a CUDA device (its ops
+    then run through NCCL with stream semantics: wait() makes the current
+    stream wait; ops can be captured in CUDA graphs).
     store: a c10d Store (FileStore, TCPStore, ...); without one, the torchrun
     environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) gives a TCPStore.
     timeout: default per-op timeout (timedelta or seconds; default
@@ -65,12 +67,7 @@ def new_comm(backend, device, *, store=None, timeout=None, name=None, hints=None
     if backend != BACKEND_NAME:
         raise ValueError(f"tccomm: new_comm: unknown backend {backend!r}; "
                          f"torchcomm_backend provides {BACKEND_NAME!r}")
-    device = torch.device(device)
-    if device.type == "cuda":
-        raise RuntimeError("tccomm: new_comm: CUDA devices are not supported yet (the core's CUDA "
-                           "path is not built); use torch.device('cpu')")
-    if device.type != "cpu":
-        raise ValueError(f"tccomm: new_comm: device {device} is not supported; use torch.device('cpu')")
+    device = _check_device(torch.device(device))
     taken = _options.check_hints(hints, _options.COMM_HINTS, "new_comm")
     timeout = _options.as_timedelta(timeout, "new_comm") or _options.default_timeout()
     abort = (_options.default_abort() if abort_process_on_timeout_or_error is None
@@ -88,6 +85,27 @@ def new_comm(backend, device, *, store=None, timeout=None, name=None, hints=None
     comm_store = dist.PrefixStore(f"torchcomm/{name}", store)
     return TorchComm._create(comm_store, rank, size, device, timeout, name, dict(hints or {}),
                              taken, abort)
+
+
+def _check_device(device):
+    """The communicator's device: the CPU, or a CUDA device when this build
+    has the core's CUDA path and torch sees a GPU (the index defaults to the
+    current device)."""
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"tccomm: new_comm: device {device} is not supported; "
+                         "use torch.device('cpu') or a CUDA device")
+    from torchcomm_backend import build_info
+
+    if not build_info()["cuda"]:
+        raise RuntimeError("tccomm: new_comm: this build of tccomm has no CUDA path (it was built "
+                           "against a torch without CUDA); use torch.device('cpu')")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"tccomm: new_comm: cannot use {device}: torch sees no CUDA device")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _rank_and_size(store):
