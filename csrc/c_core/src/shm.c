@@ -16,7 +16,6 @@
 
 #include "shm.h"
 
-#define SHM_READY 0x74637368u /* "tcsh" */
 #define HEADER_BYTES 4096
 #define DEFAULT_WINDOW (512u * 1024u)
 #define DEFAULT_SMALL (32u * 1024u)
@@ -30,11 +29,6 @@ static size_t env_bytes(const char *name, size_t dflt, size_t lo, size_t hi) {
   unsigned long long v = strtoull(s, &end, 10);
   if (*end != 0 || v < lo || v > hi) return dflt;
   return (size_t)v;
-}
-
-static void sleep_ns(long ns) {
-  struct timespec ts = {0, ns};
-  nanosleep(&ts, NULL);
 }
 
 /* ---- layout ----------------------------------------------------------- */
@@ -60,42 +54,23 @@ static void layout(shm_header_t *h, int n) {
   h->desc_off = align_up(h->ctrl_off + (size_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
   h->data_off = align_up(h->desc_off + (size_t)n * 2 * h->desc_stride, 4096);
   h->ring_off = h->data_off + (size_t)n * 2 * 2 * h->window;
-  h->total_bytes = h->ring_off + (size_t)n * (size_t)n * ring_stride(h);
+  h->seg.total_bytes = h->ring_off + (size_t)n * (size_t)n * ring_stride(h);
 }
 
 /* ---- setup ------------------------------------------------------------ */
 
-static void segment_name(const tcc_blob_t *rank0, char out[64]) {
-  int len = snprintf(out, 64, "/tccomm-");
-  for (int i = 0; i < TCC_TOKEN_BYTES; i++) len += snprintf(out + len, 64 - (size_t)len, "%02x", rank0->token[i]);
-}
-
-static tcc_result_t create_segment(tcc_comm_t *comm, const char *name, shm_state_t *st, tcc_err_t *err) {
-  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank 0): shm_open(%s) failed: %s", comm->name,
-                       name, strerror(errno));
+/* Rank 0: the segment, laid out for this group, then published. */
+static tcc_result_t create_segment(tcc_comm_t *comm, const char *name, const char *who, shm_state_t *st,
+                                   tcc_err_t *err) {
   shm_header_t h;
   memset(&h, 0, sizeof h);
   layout(&h, comm->size);
-  if (ftruncate(fd, (off_t)h.total_bytes) != 0) {
-    int e = errno;
-    close(fd);
-    shm_unlink(name);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank 0): cannot size shared memory to %llu bytes: %s",
-                       comm->name, (unsigned long long)h.total_bytes, strerror(e));
-  }
-  void *base = mmap(NULL, h.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    shm_unlink(name);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank 0): mmap failed: %s", comm->name,
-                       strerror(errno));
-  }
+  void *base;
+  tcc_result_t r = tcc_segment_create(name, h.seg.total_bytes, who, &base, err);
+  if (r != TCC_OK) return r;
   /* Fresh tmpfs pages are zero: counters, rings and doorbells start at 0. */
   shm_header_t *hdr = base;
   hdr->size = h.size;
-  hdr->total_bytes = h.total_bytes;
   hdr->window = h.window;
   hdr->ring_bytes = h.ring_bytes;
   hdr->desc_stride = h.desc_stride;
@@ -103,50 +78,11 @@ static tcc_result_t create_segment(tcc_comm_t *comm, const char *name, shm_state
   hdr->desc_off = h.desc_off;
   hdr->data_off = h.data_off;
   hdr->ring_off = h.ring_off;
-  atomic_store(&hdr->ready, SHM_READY); /* publishes the fields above */
+  tcc_segment_publish(base);
   st->base = base;
-  st->bytes = h.total_bytes;
+  st->bytes = h.seg.total_bytes;
   st->hdr = hdr;
   return TCC_OK;
-}
-
-static tcc_result_t open_segment(tcc_comm_t *comm, const char *name, int64_t deadline, shm_state_t *st,
-                                 tcc_err_t *err) {
-  int fd = -1;
-  struct stat sb;
-  for (;;) {
-    if (fd < 0) fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0 && errno != ENOENT)
-      return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): shm_open(%s) failed: %s", comm->name,
-                         comm->rank, name, strerror(errno));
-    if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size >= HEADER_BYTES) {
-      shm_header_t *probe = mmap(NULL, HEADER_BYTES, PROT_READ, MAP_SHARED, fd, 0);
-      if (probe != MAP_FAILED) {
-        int ready = atomic_load(&probe->ready) == SHM_READY;
-        uint64_t total = probe->total_bytes;
-        munmap(probe, HEADER_BYTES);
-        if (ready) {
-          void *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-          close(fd);
-          if (base == MAP_FAILED)
-            return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): mmap failed: %s", comm->name,
-                               comm->rank, strerror(errno));
-          st->base = base;
-          st->bytes = total;
-          st->hdr = base;
-          return TCC_OK;
-        }
-      }
-    }
-    if (tcc_now_ns() > deadline) {
-      if (fd >= 0) close(fd);
-      return tcc_err_set(err, TCC_ERR_TIMEOUT,
-                         "tccomm '%s' (rank %d): timed out waiting for rank 0 to create the shared-memory "
-                         "segment",
-                         comm->name, comm->rank);
-    }
-    sleep_ns(200 * 1000);
-  }
 }
 
 static const tcc_transport_ops_t shm_ops;
@@ -156,30 +92,30 @@ tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t 
   shm_state_t *st = calloc(1, sizeof *st);
   if (!st) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   char name[64];
-  segment_name(&blobs[0], name);
+  char who[160];
+  tcc_segment_name("", blobs[0].token, name);
+  snprintf(who, sizeof who, "tccomm '%s' (rank %d)", comm->name, comm->rank);
   int64_t deadline = tcc_now_ns() + atomic_load(&comm->timeout_ms) * 1000000LL;
-  tcc_result_t r = comm->rank == 0 ? create_segment(comm, name, st, err)
-                                   : open_segment(comm, name, deadline, st, err);
+  tcc_result_t r = TCC_OK;
+  if (comm->rank == 0) {
+    r = create_segment(comm, name, who, st, err);
+  } else {
+    void *base = NULL;
+    r = tcc_segment_open(name, deadline, who, &base, &st->bytes, err);
+    st->base = base;
+    st->hdr = base;
+  }
   if (r != TCC_OK) {
     free(st);
     return r;
   }
-  /* The last rank to map the segment removes its name: after that a crash
-   * of any rank cannot leak it. */
-  int n = comm->size;
-  if (atomic_fetch_add(&st->hdr->attached, 1) + 1 == n) shm_unlink(name);
-  while (atomic_load(&st->hdr->attached) < n) {
-    if (tcc_now_ns() > deadline) {
-      int got = atomic_load(&st->hdr->attached);
-      shm_unlink(name);
-      munmap(st->base, st->bytes);
-      free(st);
-      return tcc_err_set(err, TCC_ERR_TIMEOUT,
-                         "tccomm '%s' (rank %d): timed out after %lld ms: only %d of %d ranks attached to "
-                         "the shared-memory segment",
-                         comm->name, comm->rank, (long long)atomic_load(&comm->timeout_ms), got, n);
-    }
-    sleep_ns(50 * 1000);
+  int n = comm->size, got = 0;
+  if (tcc_segment_attach(st->base, name, n, deadline, &got) != TCC_OK) {
+    munmap(st->base, st->bytes);
+    free(st);
+    return tcc_err_set(err, TCC_ERR_TIMEOUT,
+                       "%s: timed out after %lld ms: only %d of %d ranks attached to the shared-memory segment",
+                       who, (long long)atomic_load(&comm->timeout_ms), got, n);
   }
   st->srcs = calloc((size_t)n, sizeof *st->srcs);
   st->descs = calloc((size_t)n, sizeof *st->descs);

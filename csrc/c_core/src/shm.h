@@ -22,18 +22,17 @@
 #define TCC_SHM_H
 
 #include "internal.h"
+#include "shm_segment.h"
 
 #define TCC_CACHELINE 64
 
 typedef struct shm_header {
-  atomic_uint ready; /* SHM_READY once rank 0 laid the segment out */
+  tcc_segment_head_t seg; /* readiness, ranks attached, total size */
   uint32_t size;
-  uint64_t total_bytes;
   uint64_t window;      /* W: staging bytes per rank, per parity, per area */
   uint64_t ring_bytes;  /* p2p ring capacity per ordered pair */
   uint64_t desc_stride;
   uint64_t ctrl_off, desc_off, data_off, ring_off;
-  atomic_int attached;
   _Alignas(TCC_CACHELINE) atomic_uint barrier_futex;
   atomic_int barrier_sleepers;
 } shm_header_t;

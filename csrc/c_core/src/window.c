@@ -25,18 +25,12 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "shm_segment.h"
 
-#define WIN_READY 0x7463776eu /* "tcwn" */
 #define WIN_HEADER_BYTES 4096
 #define WIN_PAGE 4096
 /* Keeps the layout arithmetic far from overflow (64 TiB per rank). */
 #define WIN_MAX_BYTES ((uint64_t)1 << 46)
-
-typedef struct win_header {
-  atomic_uint ready; /* WIN_READY once rank 0 sized the segment */
-  atomic_int attached;
-  uint64_t total_bytes;
-} win_header_t;
 
 typedef struct win_ctrl {
   atomic_uint futex;  /* bumped by a signal when someone sleeps */
@@ -66,11 +60,6 @@ struct tcc_window {
 };
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-static void sleep_ns(long ns) {
-  struct timespec ts = {0, ns};
-  nanosleep(&ts, NULL);
-}
 
 static tcc_result_t win_fail(tcc_window_t *win, tcc_result_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -113,67 +102,6 @@ static tcc_result_t exchange_hellos(tcc_comm_t *comm, size_t bytes, int64_t time
   tcc_result_t r = tcc_allgather(comm, (tcc_buf_t){&mine, sizeof mine, TCC_UINT8, -1, NULL}, recvs, &opts, &op);
   free(recvs);
   return wait_coll(comm, r, op, err);
-}
-
-static void segment_name(const uint8_t token[TCC_TOKEN_BYTES], char out[64]) {
-  int len = snprintf(out, 64, "/tccomm-win-");
-  for (int i = 0; i < TCC_TOKEN_BYTES; i++) len += snprintf(out + len, 64 - (size_t)len, "%02x", token[i]);
-}
-
-static tcc_result_t create_segment(tcc_window_t *win, const char *name, tcc_err_t *err) {
-  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s' (rank 0): shm_open(%s) failed: %s",
-                       win->name, name, strerror(errno));
-  if (ftruncate(fd, (off_t)win->total) != 0) {
-    int e = errno;
-    close(fd);
-    shm_unlink(name);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s' (rank 0): cannot size it to %zu bytes: %s",
-                       win->name, win->total, strerror(e));
-  }
-  void *base = mmap(NULL, win->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    shm_unlink(name);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s' (rank 0): mmap failed: %s", win->name,
-                       strerror(errno));
-  }
-  /* Fresh tmpfs pages are zero: counters and buffers start at 0. */
-  win_header_t *h = base;
-  h->total_bytes = win->total;
-  atomic_store(&h->ready, WIN_READY);
-  win->base = base;
-  return TCC_OK;
-}
-
-static tcc_result_t open_segment(tcc_window_t *win, const char *name, int64_t deadline, tcc_err_t *err) {
-  for (;;) {
-    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0 && errno != ENOENT)
-      return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s' (rank %d): shm_open(%s) failed: %s",
-                         win->name, win->rank, name, strerror(errno));
-    struct stat sb;
-    if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == win->total) {
-      void *base = mmap(NULL, win->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      close(fd);
-      if (base == MAP_FAILED)
-        return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s' (rank %d): mmap failed: %s", win->name,
-                           win->rank, strerror(errno));
-      if (atomic_load(&((win_header_t *)base)->ready) == WIN_READY) {
-        win->base = base;
-        return TCC_OK;
-      }
-      munmap(base, win->total);
-    } else if (fd >= 0) {
-      close(fd);
-    }
-    if (tcc_now_ns() > deadline)
-      return tcc_err_set(err, TCC_ERR_TIMEOUT,
-                         "tccomm window on '%s' (rank %d): timed out waiting for rank 0 to create the window",
-                         win->name, win->rank);
-    sleep_ns(200 * 1000);
-  }
 }
 
 static void window_free(tcc_window_t *win) {
@@ -252,24 +180,29 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
   }
   layout(win, hellos);
   char name[64];
-  segment_name(hellos[0].token, name);
-  if ((win->rank == 0 ? create_segment(win, name, &err) : open_segment(win, name, deadline, &err)) != TCC_OK)
+  char who[160];
+  tcc_segment_name("win-", hellos[0].token, name);
+  snprintf(who, sizeof who, "tccomm window on '%s' (rank %d)", win->name, win->rank);
+  void *base = NULL;
+  size_t mapped = win->total;
+  if (win->rank == 0) {
+    if (tcc_segment_create(name, win->total, who, &base, &err) != TCC_OK) goto fail;
+    tcc_segment_publish(base); /* buffers and counters start zeroed: nothing else to lay out */
+  } else if (tcc_segment_open(name, deadline, who, &base, &mapped, &err) != TCC_OK) {
     goto fail;
-  /* The last rank to map the segment removes its name: after that a crash
-   * of any rank cannot leak it. Waiting for all keeps the name alive until
-   * everyone has it. */
-  win_header_t *h = (win_header_t *)win->base;
-  if (atomic_fetch_add(&h->attached, 1) + 1 == n) shm_unlink(name);
-  while (atomic_load(&h->attached) < n) {
-    if (tcc_now_ns() > deadline) {
-      int got = atomic_load(&h->attached);
-      shm_unlink(name);
-      tcc_err_set(&err, TCC_ERR_TIMEOUT,
-                  "tccomm window on '%s' (rank %d): timed out after %lld ms: only %d of %d ranks mapped it",
-                  win->name, win->rank, (long long)timeout_ms, got, n);
-      goto fail;
-    }
-    sleep_ns(50 * 1000);
+  }
+  if (mapped != win->total) { /* every rank computed the layout from the same sizes */
+    munmap(base, mapped);
+    tcc_err_set(&err, TCC_ERR_INVALID, "%s: the window segment has %zu bytes, expected %zu", who, mapped,
+                win->total);
+    goto fail;
+  }
+  win->base = base;
+  int got = 0;
+  if (tcc_segment_attach(base, name, n, deadline, &got) != TCC_OK) {
+    tcc_err_set(&err, TCC_ERR_TIMEOUT, "%s: timed out after %lld ms: only %d of %d ranks mapped it", who,
+                (long long)timeout_ms, got, n);
+    goto fail;
   }
   free(hellos);
   *out = win;

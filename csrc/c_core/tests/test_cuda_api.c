@@ -11,25 +11,7 @@
 
 #include "check.h"
 #include "tccomm.h"
-
-static tcc_comm_t *one_rank_comm(void) {
-  tcc_endpoint_t *ep;
-  uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
-  char err[512];
-  if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) return NULL;
-  tcc_comm_config_t cfg = {0, 1, 10000, "cuda-api", TCC_TRANSPORT_AUTO};
-  tcc_comm_t *comm = NULL;
-  if (tcc_comm_create(&cfg, ep, blob, &comm, err, sizeof err) != TCC_OK) {
-    fprintf(stderr, "create: %s\n", err);
-    return NULL;
-  }
-  return comm;
-}
-
-static tcc_buf_t buf(void *p, size_t n, int device) {
-  tcc_buf_t b = {p, n, TCC_FLOAT32, device, NULL};
-  return b;
-}
+#include "one_rank.h"
 
 static void host_allreduce_works(tcc_comm_t *comm, const char *when) {
   float x[3] = {1, 2, 3};
@@ -89,7 +71,7 @@ static void groups(tcc_comm_t *comm) {
 int main(void) {
   alarm(120);
   unsetenv("TCCOMM_TRANSPORT");
-  tcc_comm_t *comm = one_rank_comm();
+  tcc_comm_t *comm = one_rank_comm("cuda-api");
   CHECK(comm != NULL, "cannot create a 1-rank communicator");
   if (!comm) CHECK_DONE();
   cuda_calls_answer(comm);

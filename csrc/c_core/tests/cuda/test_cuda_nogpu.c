@@ -14,22 +14,7 @@
 
 #include "../check.h"
 #include "tccomm.h"
-
-static tcc_comm_t *one_rank_comm(void) {
-  tcc_endpoint_t *ep;
-  uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
-  char err[512];
-  if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) return NULL;
-  tcc_comm_config_t cfg = {0, 1, 10000, "cuda-nogpu", TCC_TRANSPORT_AUTO};
-  tcc_comm_t *comm = NULL;
-  if (tcc_comm_create(&cfg, ep, blob, &comm, err, sizeof err) != TCC_OK) return NULL;
-  return comm;
-}
-
-static tcc_buf_t buf(void *p, size_t n, int device) {
-  tcc_buf_t b = {p, n, TCC_FLOAT32, device, NULL};
-  return b;
-}
+#include "../one_rank.h"
 
 int main(void) {
   alarm(120);
@@ -42,7 +27,7 @@ int main(void) {
   CHECK(r == TCC_OK && v >= 20700, "loading NCCL: %s (version %d)", err, v);
   printf("NCCL %d (header %d)\n", v, tcc_nccl_header_version());
 
-  tcc_comm_t *comm = one_rank_comm();
+  tcc_comm_t *comm = one_rank_comm("cuda-nogpu");
   CHECK(comm != NULL, "cannot create a 1-rank communicator");
   if (!comm) CHECK_DONE();
   float host[4] = {1, 2, 3, 4};
