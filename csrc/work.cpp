@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include <ATen/core/jit_type.h>
 #include <c10/util/Exception.h>
@@ -200,9 +201,26 @@ void TccWork::complete() {
     futureDue_ = true;
     future = future_;
   }
-  if (future) {
+  if (!future) {
+    return;
+  }
+  if (!inCoreCallback()) {
+    completeFuture(*future, error);
+    return;
+  }
+  // The future's continuations are user code that may wait for later ops of
+  // this group (DDP comm hooks do): they must not run on the thread that
+  // progresses those ops. The core's detached pool runs them.
+  auto* task = new FutureCompletion{c10::intrusive_ptr<TccWork>::reclaim_copy(this), future, error};
+  if (tcc_run_detached(&TccWork::runFutureCompletion, task) != TCC_OK) {
+    delete task; // no thread could be started: complete here rather than never
     completeFuture(*future, error);
   }
+}
+
+void TccWork::runFutureCompletion(void* arg) {
+  std::unique_ptr<FutureCompletion> task(static_cast<FutureCompletion*>(arg));
+  task->work->completeFuture(*task->future, task->error);
 }
 
 void TccWork::completeFuture(c10::ivalue::Future& future, const std::exception_ptr& error) {
@@ -282,10 +300,22 @@ bool TccWork::wait(std::chrono::milliseconds timeout) {
   }
   // Every op has finished; the completion callbacks run before waiters
   // wake, so this returns at once (it also orders us after copy-backs).
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [&] { return completed_; });
-  if (exception_) {
-    std::rethrow_exception(exception_);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return completed_; });
+    if (exception_) {
+      std::rethrow_exception(exception_);
+    }
+  }
+  // A future made before completion is completed on the detached pool:
+  // once wait() returns, its value must be readable too.
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(futureMutex_);
+    future = future_;
+  }
+  if (future) {
+    future->wait();
   }
   return true;
 }

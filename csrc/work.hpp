@@ -127,6 +127,13 @@ class TccWork : public c10d::Work {
  private:
   void complete();
   void completeFuture(c10::ivalue::Future& future, const std::exception_ptr& error);
+  // A future completion handed to the core's detached pool (tcc_run_detached).
+  struct FutureCompletion {
+    c10::intrusive_ptr<TccWork> work;
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    std::exception_ptr error;
+  };
+  static void runFutureCompletion(void* arg);
   // tcc_op_start on every op of this work.
   void startOps();
   // Makes the current stream wait for the CUDA ops; throws the error of

@@ -1553,3 +1553,4 @@ add("timeout-destroy_afterwards", "timeout", c_destroy_after_timeout,
 
 # Registers the functional / compile / parallelism cases (it imports this module).
 import _cases_parallel  # noqa: E402,F401
+import _cases_reliability  # noqa: E402,F401

@@ -188,7 +188,8 @@ tcc_result_t tcc_recv(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,
 int tcc_op_test(tcc_op_t *op);
 /* Blocks until the op finishes or timeout_ms passes (< 0: no limit; the op's
  * own timeout still applies). Returns the op's result, or
- * TCC_ERR_INPROGRESS if timeout_ms passed first. */
+ * TCC_ERR_INPROGRESS if timeout_ms passed first: the op keeps running
+ * under its own deadline and a later wait can still see it complete. */
 tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms);
 /* The op's result: TCC_ERR_INPROGRESS while running. */
 tcc_result_t tcc_op_result(const tcc_op_t *op);
@@ -201,11 +202,20 @@ const char *tcc_op_error(const tcc_op_t *op);
 void tcc_op_start(tcc_op_t *op);
 /* Calls fn(op, arg) exactly once when the op finishes, on the engine thread,
  * or at once on the calling thread if it already has. The callback must
- * not block on other ops of the same communicator. */
+ * not block on other ops of the same communicator: hand anything that may
+ * (user continuations) to tcc_run_detached. */
 typedef void (*tcc_op_callback_t)(tcc_op_t *op, void *arg);
 void tcc_op_on_complete(tcc_op_t *op, tcc_op_callback_t fn, void *arg);
 void tcc_op_retain(tcc_op_t *op);
 void tcc_op_release(tcc_op_t *op);
+
+/* Runs fn(arg) soon on one of the core's callback threads, never on a
+ * thread that progresses ops, so fn may block, even on later ops of the
+ * communicator whose completion scheduled it (a continuation that waits for
+ * the next collective). A task that finds every callback thread busy gets
+ * a new thread, so blocked tasks never hold up later ones. TCC_ERR_SYSTEM
+ * when no thread can be started (fn is then not called). */
+tcc_result_t tcc_run_detached(void (*fn)(void *arg), void *arg);
 
 /* ---- windows (one-sided RMA over shared memory) ----------------------- */
 /* A window gives every rank of a communicator a buffer that every other

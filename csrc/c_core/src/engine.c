@@ -644,15 +644,29 @@ const char *tcc_op_error(const tcc_op_t *op) {
   return atomic_load(&((tcc_op_t *)op)->finished) ? op->error : "";
 }
 
+/* now + timeout_ms, saturating: a huge timeout means "no limit", never a
+ * deadline in the past. */
+static int64_t wait_deadline(int64_t timeout_ms) {
+  int64_t now = tcc_now_ns();
+  if (timeout_ms >= (INT64_MAX - now) / 1000000LL) return INT64_MAX;
+  return now + timeout_ms * 1000000LL;
+}
+
 tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms) {
   if (atomic_load(&op->finished)) return op->result;
   tcc_comm_t *comm = op->comm;
-  /* Run the queue ourselves when nobody else is: see the file comment. */
-  if (op->kind == TCC_OP_COLL && op->cuda_device < 0 && comm->engine && claim_runner(comm->engine)) {
-    run_collective_queue(comm, op);
-    release_runner(comm->engine);
+  /* Run the queue ourselves when nobody else is: see the file comment. A
+   * bounded wait must not: a collective, once started, runs until it ends
+   * or its own deadline passes, which may be long after timeout_ms. */
+  if (op->kind == TCC_OP_COLL && op->cuda_device < 0 && comm->engine) {
+    if (timeout_ms < 0 && claim_runner(comm->engine)) {
+      run_collective_queue(comm, op);
+      release_runner(comm->engine);
+    } else if (timeout_ms >= 0) {
+      tcc_op_start(op);
+    }
   }
-  int64_t deadline = timeout_ms < 0 ? INT64_MAX : tcc_now_ns() + timeout_ms * 1000000LL;
+  int64_t deadline = timeout_ms < 0 ? INT64_MAX : wait_deadline(timeout_ms);
   for (int i = 0; i < comm->spin_iters; i++) {
     if (atomic_load(&op->finished)) return op->result;
     tcc_cpu_relax();
