@@ -2,22 +2,23 @@
 
 Config: world, bootstrap ("file": FileStore, "tcp": the parent's TCPStore,
 "env": no store, the torchrun variables), abort (None: from the
-environment), mode ("cases": run _tc_cases in order; "abort": rank 0 times
-out with the aborting policy), out_dir. Appends one JSON line per case to
-OUT_DIR/rank<R>.jsonl, flushed at once so the parent sees how far it got.
+environment), mode ("cases": run _tc_cases in order, or only those listed
+under "cases"; "abort": rank 0 times out with the aborting policy), out_dir.
+Reports events to the parent (tests/_rank.py): creating the communicator is
+the "<init>" case; after the last case "done", comm.finalize(), then main
+returns and the interpreter exits normally, which the parent judges too.
 """
 
 import datetime
-import faulthandler
 import json
 import os
-import signal
 import sys
 import time
 import traceback
 
-faulthandler.enable()
-faulthandler.register(signal.SIGUSR1, all_threads=True)
+import _rank
+
+_rank.enable_stack_dumps()
 
 
 def make_comm(cfg, rank):
@@ -43,15 +44,28 @@ def make_comm(cfg, rank):
     return tc.new_comm("tccomm", torch.device("cpu"), store=store, name="tests", **kwargs)
 
 
+def run_case(fn, comm, rank, world):
+    """(status, msg) of one case on this rank."""
+    import _tc_cases
+
+    try:
+        fn(comm, rank, world)
+    except _tc_cases.Skip as e:
+        return "skip", str(e)
+    except Exception as e:  # noqa: BLE001
+        return "fail", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+    return "pass", ""
+
+
 def main():
     cfg = json.load(open(sys.argv[1]))
     rank = int(sys.argv[2])
-    out = open(os.path.join(cfg["out_dir"], f"rank{rank}.jsonl"), "a", buffering=1)
+    events = _rank.Events(cfg["out_dir"], rank)
     import torch
 
     torch.set_num_threads(1)
-    comm = make_comm(cfg, rank)
     if cfg["mode"] == "abort":
+        comm = make_comm(cfg, rank)
         import torchcomm_backend as tc
 
         if rank == 0:
@@ -61,24 +75,32 @@ def main():
         time.sleep(120)  # stays out of the all_reduce until the parent kills it
         return 0
 
+    events.emit(event="start", case="<init>", t=time.time())
+    try:
+        comm = make_comm(cfg, rank)
+    except Exception as e:  # noqa: BLE001
+        events.emit(event="result", case="<init>", status="error",
+                    msg=f"new_comm failed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}")
+        return 4
+    events.emit(event="result", case="<init>", status="pass", msg="")
+
     import _tc_cases
 
+    wanted = cfg.get("cases")
     for name, fn in _tc_cases.CASES:
-        status, msg, t0 = "pass", "", time.monotonic()
-        try:
-            fn(comm, rank, cfg["world"])
-        except _tc_cases.Skip as e:
-            status, msg = "skip", str(e)
-        except Exception as e:  # noqa: BLE001
-            status, msg = "fail", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
-        out.write(json.dumps({"case": name, "status": status, "msg": msg,
-                              "seconds": round(time.monotonic() - t0, 3)}) + "\n")
-    comm.finalize()
+        if wanted is not None and name not in wanted:
+            continue
+        events.emit(event="start", case=name, t=time.time())
+        t0 = time.monotonic()
+        status, msg = _rank.verdict(rank, *run_case(fn, comm, rank, cfg["world"]))
+        events.emit(event="result", case=name, status=status, msg=msg,
+                    seconds=round(time.monotonic() - t0, 3))
+    _rank.finish(events, rank, [("comm.finalize", comm.finalize)])
     return 0
 
 
 if __name__ == "__main__":
     code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    if code:
+        _rank.leave_now(code)
+    # 0: the interpreter exits normally; the parent judges that exit too.

@@ -1,32 +1,32 @@
 """One rank of a spawned test group: python tests/_worker.py CONFIG.json RANK
 
-Runs the cases named in the config in order and appends one JSON line per
-event to RESULTS_DIR/rank<R>.jsonl (flushed at once, so the parent sees how
-far every rank got even if the group hangs or crashes):
-
-  {"event": "start",  "case": name, "t": time}
-  {"event": "result", "case": name, "status": pass|fail|error|skip, "msg": ..., "digest": ...}
-  {"event": "health", "case": name, "ok": bool, "msg": ...}
+Runs the cases named in the config in order and reports events to the parent
+(tests/_rank.py: start and result per case, then "done" and the teardown
+steps).
 
 After every case the ranks meet in the harness's own TCPStore (not the
 backend under test). If any rank hit an unexpected exception, all ranks run
 a small all_reduce to check the group; if that fails, they exit with code 3
 and the parent restarts the group after that case.
 
+After the last case: "done", destroy_process_group(), then main returns and
+the interpreter exits normally (atexit handlers, finalization, the
+extension's destructors); the parent fails the spec's teardown if that
+crashes, hangs or exits nonzero.
+
 Exit codes: 0 all cases ran, 3 restart requested, 4 init_process_group failed.
 """
 
 import datetime
-import faulthandler
 import json
 import os
-import signal
 import sys
 import time
 import traceback
 
-faulthandler.enable()
-faulthandler.register(signal.SIGUSR1, all_threads=True)
+import _rank
+
+_rank.enable_stack_dumps()
 
 EXIT_RESTART = 3
 EXIT_INIT_FAILED = 4
@@ -36,11 +36,8 @@ def main() -> int:
     cfg = json.load(open(sys.argv[1]))
     rank = int(sys.argv[2])
     world = cfg["world"]
-    out = open(os.path.join(cfg["results_dir"], f"rank{rank}.jsonl"), "a", buffering=1)
-
-    def emit(**kw):
-        out.write(json.dumps(kw) + "\n")
-        out.flush()
+    events = _rank.Events(cfg["results_dir"], rank)
+    emit = events.emit
 
     emit(event="start", case="<init>", t=time.time())
     import torch
@@ -98,6 +95,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001
             status = "error"
             msg = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-4)}"
+        status, msg = _rank.verdict(rank, status, msg)
         emit(event="result", case=name, status=status, msg=msg, digest=ctx.digest_value)
         statuses = meet(f"{name}/status", status)
         if "error" in statuses and case.order < 99 and dist.is_initialized():
@@ -109,14 +107,17 @@ def main() -> int:
             emit(event="health", case=name, ok=ok, msg=hmsg)
             if "0" in meet(f"{name}/health", "1" if ok else "0"):
                 return EXIT_RESTART
-    emit(event="done")
-    if dist.is_initialized():
-        dist.destroy_process_group()
+
+    def destroy():
+        if dist.is_initialized():  # a case may have destroyed it already
+            dist.destroy_process_group()
+
+    _rank.finish(events, rank, [("destroy_process_group", destroy)])
     return 0
 
 
 if __name__ == "__main__":
     code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # skip interpreter teardown: a stuck backend thread must not hang exit
+    if code:
+        _rank.leave_now(code)
+    # 0: the interpreter exits normally; the parent judges that exit too.

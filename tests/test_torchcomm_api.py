@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 import torch
@@ -22,10 +21,15 @@ import torch.distributed as dist
 import _harness
 import _tc_cases
 import torchcomm_backend as tc
+from conftest import case_id, check_case
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_tc_worker.py")
-GROUP_LIMIT = 300  # s: a hung group is killed and its unfinished cases fail
+ABORT_LIMIT = 300  # s: test_abort_on_timeout kills its group after this
+# s without progress before a rank counts as hung: a failing case may wait out
+# two of the communicator's 60 s timeouts (tests/_tc_worker.py) and still report.
+CASE_LIMIT = max(_harness.CASE_TIMEOUT, 150)
+TEARDOWN = _harness.TEARDOWN
 
 # world -> (bootstrap, abort argument, environment)
 GROUPS = {
@@ -35,9 +39,10 @@ GROUPS = {
 }
 
 
-def spawn(world, bootstrap, abort, mode, env_extra, out_dir):
+def spawn(world, bootstrap, abort, mode, env_extra, out_dir, cases=None):
     cfg = {"world": world, "bootstrap": bootstrap, "abort": abort, "mode": mode, "out_dir": out_dir,
-           "store_path": os.path.join(out_dir, "filestore"), "master_port": _harness.free_port()}
+           "store_path": os.path.join(out_dir, "filestore"), "master_port": _harness.free_port(),
+           "cases": cases}
     server = None
     if bootstrap == "tcp":
         server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
@@ -52,11 +57,15 @@ def spawn(world, bootstrap, abort, mode, env_extra, out_dir):
                     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
             env.pop(var, None)
         env.update(env_extra, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        log = open(os.path.join(out_dir, f"rank{rank}.log"), "w")
+        log = open(log_path(out_dir, rank), "w")
         procs.append(subprocess.Popen([sys.executable, WORKER, path, str(rank)], env=env, cwd=HERE,
                                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True))
     return procs, server
+
+
+def log_path(out_dir, rank):
+    return os.path.join(out_dir, f"rank{rank}.log")
 
 
 def kill(procs):
@@ -69,88 +78,86 @@ def kill(procs):
 
 def tail(out_dir, rank, lines=30):
     try:
-        with open(os.path.join(out_dir, f"rank{rank}.log"), errors="replace") as f:
+        with open(log_path(out_dir, rank), errors="replace") as f:
             return "\n".join(f.read().splitlines()[-lines:])
     except OSError:
         return ""
 
 
-class Groups:
-    """Runs each world's group once per session and caches its results."""
+def group_key(world):
+    return f"torchcomm-w{world}"
 
-    def __init__(self):
+
+class Groups:
+    """Runs each world's group once per session and caches its results: one
+    per case and one for the group's teardown (decided as for the specs of
+    tests/_harness.py, whose watch and verdict functions it uses; a group
+    that hangs or dies is not restarted: its unfinished cases fail)."""
+
+    def __init__(self, cases=None):
+        self.cases = cases  # names to run (default: all of _tc_cases)
         self.dir = tempfile.mkdtemp(prefix="tccomm-torchcomm-")
         self.results = {}
+        self.keep = False  # set when a test fails: the logs stay for a look
         atexit.register(self._cleanup)
 
     def _cleanup(self):
-        # Logs stay for a look when something failed.
-        if all(r[0] != "fail" for res in self.results.values() for r in res.values()):
+        if not self.keep:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def result(self, world, name):
-        if world not in self.results:
-            self.results[world] = self._run(world)
-        return self.results[world].get(name, ("fail", "no result"))
+    def result(self, group, name):
+        """The verdict on case `name` (or TEARDOWN) of group_key(world)."""
+        if group not in self.results:
+            self.results[group] = self._run(WORLD_OF[group])
+        return self.results[group].get(name, _harness.Result("fail", "no result"))
 
     def _run(self, world):
         out_dir = os.path.join(self.dir, f"world{world}")
         os.makedirs(out_dir)
         bootstrap, abort, env = GROUPS[world]
-        procs, server = spawn(world, bootstrap, abort, "cases", env, out_dir)
-        deadline = time.monotonic() + GROUP_LIMIT
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        hung = any(p.poll() is None for p in procs)
-        kill(procs)
+        procs, server = spawn(world, bootstrap, abort, "cases", env, out_dir, self.cases)
+        run = _harness.watch(procs, [log_path(out_dir, r) for r in range(world)], out_dir,
+                             case_limit=lambda case: CASE_LIMIT)
         del server
-        per_rank = []
-        for rank in range(world):
-            rows = {}
-            try:
-                with open(os.path.join(out_dir, f"rank{rank}.jsonl")) as f:
-                    for line in f:
-                        ev = json.loads(line)
-                        rows[ev["case"]] = (ev["status"], ev["msg"])
-            except OSError:
-                pass
-            per_rank.append(rows)
+        names = [n for n, _ in _tc_cases.CASES if self.cases is None or n in self.cases]
+        return self._decide(run, names, group_key(world))
+
+    @staticmethod
+    def _decide(run, names, what):
+        failed_init = _harness.init_failure(run, what)
+        if failed_init:
+            return {n: _harness.Result("fail", failed_init) for n in names + [TEARDOWN]}
         results = {}
-        for name, _ in _tc_cases.CASES:
-            got = [rows.get(name) for rows in per_rank]
-            if any(g is None for g in got):
-                why = "hung, killed" if hung else "exited early"
-                logs = "\n".join(f"--- rank {r} (exit {procs[r].returncode}):\n{tail(out_dir, r)}"
-                                 for r in range(world))
-                results[name] = ("fail", f"not finished on every rank ({why}):\n{logs}")
-            elif any(g[0] == "fail" for g in got):
-                results[name] = ("fail", "\n".join(f"rank {r}: {g[1]}" for r, g in enumerate(got)
-                                                   if g[0] == "fail"))
-            elif all(g[0] == "skip" for g in got):
-                results[name] = ("skip", got[0][1])
-            else:
-                results[name] = ("pass", "")
+        for i, name in enumerate(names):
+            evs = [run.find(q, "result", name) for q in range(run.world)]
+            if all(ev is not None for ev in evs):
+                results[name] = _harness.merge(evs)
+                continue
+            results[name] = _harness.unfinished(run, name)
+            for later in names[i + 1:] + [TEARDOWN]:
+                results[later] = _harness.Result("fail", f"not run: the group did not get "
+                                                         f"through case {name!r}")
+            return results
+        results[TEARDOWN] = _harness.teardown_result(run, what)
         return results
 
 
 _groups = Groups()
+WORLD_OF = {group_key(w): w for w in GROUPS}
+CASE_NAMES = [n for n, _ in _tc_cases.CASES]
 
 
-@pytest.mark.parametrize("name", [n for n, _ in _tc_cases.CASES])
-@pytest.mark.parametrize("world", sorted(GROUPS))
-def test_torchcomm_case(world, name):
-    status, msg = _groups.result(world, name)
-    if status == "skip":
-        pytest.skip(msg)
-    if status != "pass":
-        pytest.fail(msg, pytrace=False)
+@pytest.mark.parametrize("spec_case", [(group, n) for group in WORLD_OF
+                                       for n in CASE_NAMES + [TEARDOWN]], ids=case_id)
+def test_torchcomm_case(spec_case):
+    check_case(_groups, spec_case)
 
 
 def test_abort_on_timeout(tmp_path):
     """With the default policy, a timed-out op ends the process with a message."""
     procs, _ = spawn(2, "file", None, "abort", {}, str(tmp_path))
     try:
-        procs[0].wait(timeout=GROUP_LIMIT)
+        procs[0].wait(timeout=ABORT_LIMIT)
     except subprocess.TimeoutExpired:
         pass
     finally:

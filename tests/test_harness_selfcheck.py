@@ -1,0 +1,190 @@
+"""The harness's own checks can fail.
+
+Its two runners (tests/_harness.py for the specs, tests/test_torchcomm_api.py
+for the TorchComm-API groups) run a 2-rank group with one case whose rank 1
+misbehaves on purpose (TCCOMM_TEST_FAULT, tests/_rank.py), and must report
+the failure with its reason and the rank; a group without a fault must pass.
+The error-message checks of tests/_cases.py reject a message that lacks any
+part, and only a known gap in a message counts as its expected failure."""
+
+import re
+import shutil
+
+import pytest
+import torch.distributed as dist
+
+import _cases
+import _harness
+import _rank
+import test_torchcomm_api as tc_api
+from conftest import MessageGap, check_case
+
+SPEC, CASE = "w2-shm-env", "barrier"
+TC_CASE = "rank_and_size"
+TEARDOWN = _harness.TEARDOWN
+
+# fault -> (the pseudo-case or case that must fail, what its message must say)
+EXPECTED = {
+    "skip-on-rank1": ("case", ["the ranks' verdicts differ", "rank 0 [pass]", "rank 1 [skip]"]),
+    "no-done": (TEARDOWN, ["rank 1 never reported 'done'", "exit code 0"]),
+    "segv-after-done": (TEARDOWN, ["rank 1 killed by SIGSEGV in teardown step \"after 'done'\""]),
+    "exit3-after-done": (TEARDOWN, ["rank 1 exit code 3 in teardown step \"after 'done'\""]),
+    "segv-at-exit": (TEARDOWN, ["rank 1 killed by SIGSEGV in teardown step 'interpreter exit'",
+                                "Segmentation fault"]),
+    "hang-at-exit": (TEARDOWN, ["teardown hung: ranks [1]", "'interpreter exit'",
+                                "rank 1 killed by SIGKILL", "in _shutdown"]),  # its stack
+}
+TEARDOWN_LIMIT = "3"  # s: hang-at-exit takes about this long
+
+
+def _spec_results(monkeypatch, fault):
+    monkeypatch.setenv(_rank.FAULT_ENV, fault)
+    monkeypatch.setenv("TCCOMM_TEST_TEARDOWN_TIMEOUT", TEARDOWN_LIMIT)
+    runner = _harness.Runner(selected={SPEC: {CASE}})
+    try:
+        return {"case": runner.result(SPEC, CASE), TEARDOWN: runner.result(SPEC, TEARDOWN)}
+    finally:
+        runner.close()
+
+
+def _tc_results(monkeypatch, fault):
+    monkeypatch.setenv(_rank.FAULT_ENV, fault)
+    monkeypatch.setenv("TCCOMM_TEST_TEARDOWN_TIMEOUT", TEARDOWN_LIMIT)
+    groups = tc_api.Groups(cases=[TC_CASE])
+    try:
+        group = tc_api.group_key(2)
+        return {"case": groups.result(group, TC_CASE), TEARDOWN: groups.result(group, TEARDOWN)}
+    finally:
+        shutil.rmtree(groups.dir, ignore_errors=True)
+
+
+def _check(results, fault):
+    if not fault:
+        for what, res in results.items():
+            assert res.status == "pass", f"{what} without a fault: {res.status}: {res.msg}"
+        return
+    what, needles = EXPECTED[fault]
+    res = results[what]
+    assert res.status == "fail", f"{fault}: {what} was reported as {res.status!r}: {res.msg}"
+    missing = [n for n in needles if n not in res.msg]
+    assert not missing, f"{fault}: the failure of {what} does not say {missing}:\n{res.msg}"
+    other = "case" if what == TEARDOWN else TEARDOWN
+    assert results[other].status == "pass", \
+        f"{fault} should fail only the {what}, but {other}: {results[other].msg}"
+
+
+def test_every_fault_is_checked():
+    assert sorted(EXPECTED) == sorted(_rank.FAULTS)
+
+
+@pytest.mark.parametrize("fault", [""] + list(EXPECTED))
+def test_spec_runner_reports(monkeypatch, fault):
+    _check(_spec_results(monkeypatch, fault), fault)
+
+
+# The TorchComm runner shares the deciding code; these show that its worker
+# and runner are wired to it (a verdict merge, a crash and a hang after the
+# last case, and no false alarm).
+@pytest.mark.parametrize("fault", ["", "skip-on-rank1", "segv-at-exit", "hang-at-exit", "no-done"])
+def test_torchcomm_runner_reports(monkeypatch, fault):
+    _check(_tc_results(monkeypatch, fault), fault)
+
+
+# ---- error messages (tests/_cases.py), in this process ----------------------------
+
+
+@pytest.fixture
+def strict_ctx():
+    """A tccomm-strict Ctx whose default group is a gloo world of one."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield _cases.Ctx({"world": 1, "backend": "tccomm", "transport": "shm",
+                          "pg_timeout": 5}, 0, None, {})
+    finally:
+        dist.destroy_process_group()
+
+
+GOOD = "tccomm allreduce on '{g}' (rank 0): size mismatch: rank 0 has 7 elements"
+
+
+@pytest.mark.parametrize("msg, missing", [
+    (GOOD, None),
+    ("tccomm allreduce on '{g}' (rank 0 of 1): size mismatch", None),
+    ("tccomm: allreduce: size mismatch: rank 0 has 7 elements", "the group and the rank"),
+    ("tccomm allreduce on 'tccomm:other' (rank 0): size mismatch", "the group"),
+    ("tccomm allreduce in the group (rank 0): size mismatch", "the group"),
+    ("tccomm allreduce on '{g}': size mismatch: rank 0 has 7 elements", "the rank"),
+    ("tccomm allreduce on '{g}' (rank 1): size mismatch", "the rank"),
+    ("tccomm allgather on '{g}' (rank 0): size mismatch", "the op"),
+    ("tccomm allreduce on '{g}' (rank 0): it broke", "the cause"),
+])
+def test_expect_error_wants_every_part(strict_ctx, msg, missing):
+    msg = msg.format(g="tccomm:" + dist.group.WORLD.group_name)
+
+    def fn():
+        raise RuntimeError(msg)
+
+    call = lambda: strict_ctx.expect_error(fn, _cases.OP_RE["all_reduce"], r"mismatch", "x")  # noqa: E731
+    if missing is None:
+        call()
+        return
+    with pytest.raises(AssertionError) as e:
+        call()
+    assert _cases.missing_parts_phrase(missing) in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("op, text", [
+    ("reduce", "tccomm reduce on"), ("all_reduce", "tccomm: allreduce:"),
+    ("reduce_scatter_tensor", "tccomm: _reduce_scatter_base:"), ("gather", "tccomm: gather:"),
+    ("all_to_all_single", "tccomm alltoall on"), ("send", "tccomm: send:")])
+def test_op_pattern_matches_its_op(op, text):
+    assert re.search(_cases.OP_RE[op], text, re.I), (op, text)
+
+
+@pytest.mark.parametrize("op, text", [
+    ("reduce", "tccomm allreduce on"), ("reduce", "tccomm: reduce_scatter:"),
+    ("reduce", "tccomm: _reduce_scatter_base:"), ("gather", "tccomm: allgather:"),
+    ("gather", "tccomm: _allgather_base:"), ("scatter", "tccomm: reduce_scatter:"),
+    ("all_gather", "tccomm: all_gather_into_tensor:"), ("send", "tccomm: sendrecv:")])
+def test_op_pattern_rejects_other_ops(op, text):
+    assert not re.search(_cases.OP_RE[op], text, re.I), (op, text)
+
+
+class _Cached:
+    """Stands in for a runner that already has `res` for every case."""
+    keep = False
+
+    def __init__(self, res):
+        self.res = res
+
+    def result(self, group, case):
+        return self.res
+
+
+def _failed_everywhere(msg):
+    return _harness.Result("fail", msg, [("fail", msg), ("fail", msg)])
+
+
+GAP_CASE = ("w2-shm-env", "bad-broadcast_rank_out_of_range_W")
+
+
+def test_message_gap_is_the_expected_failure():
+    assert _cases.REGISTRY[GAP_CASE[1]].msg_gap == _cases.NO_GROUP_NO_RANK
+    phrase = _cases.missing_parts_phrase(_cases.NO_GROUP_NO_RANK)
+    with pytest.raises(MessageGap):
+        check_case(_Cached(_failed_everywhere(f"broadcast: {phrase}...): 'msg'")), GAP_CASE)
+
+
+@pytest.mark.parametrize("why", [
+    "half fixed",       # the group is named now, the rank is not
+    "other failure",    # the case broke some other way
+    "one rank only",    # the other rank passed
+])
+def test_other_failures_of_a_gap_case_stay_failures(why):
+    phrase = _cases.missing_parts_phrase(_cases.NO_GROUP_NO_RANK)
+    res = {"half fixed": _failed_everywhere(f"x: {_cases.missing_parts_phrase('the rank')}"),
+           "other failure": _failed_everywhere("the group is not usable after the error"),
+           "one rank only": _harness.Result("fail", phrase, [("fail", phrase), ("pass", "")]),
+           }[why]
+    with pytest.raises(pytest.fail.Exception):
+        check_case(_Cached(res), GAP_CASE)
