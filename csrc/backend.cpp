@@ -1,6 +1,7 @@
 // backend.cpp - see backend.hpp.
 #include "backend.hpp"
 #include "rendezvous.hpp"
+#include "timeouts.hpp"
 
 #include "cuda_support.hpp"
 
@@ -19,7 +20,7 @@ using c10d::OpType;
 
 int64_t timeoutMs(std::chrono::milliseconds timeout) {
   // c10d's kUnsetTimeout (-1) and 0 both mean the communicator's timeout.
-  return timeout.count() > 0 ? timeout.count() : 0;
+  return timeout.count() > 0 ? clampTimeout(timeout).count() : 0;
 }
 
 uint64_t coreTag(int tag) {
@@ -276,9 +277,9 @@ void TccBackend::checkUsable(const char* op) const {
 void TccBackend::setTimeout(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(timeout.count() > 0, "tccomm: setTimeout: the timeout must be positive, got ", timeout.count(), " ms");
-  options_->timeout = timeout;
+  options_->timeout = clampTimeout(timeout);
   if (comm_ != nullptr) {
-    tcc_comm_set_timeout(comm_, timeout.count());
+    tcc_comm_set_timeout(comm_, options_->timeout.count());
   }
 }
 
@@ -931,11 +932,16 @@ c10::intrusive_ptr<c10d::Work> TccBackend::recv(std::vector<at::Tensor>& tensors
   return runOne(op, OpType::RECV, c10d::kUnsetTimeout, std::move(step), tensors, {}, peer);
 }
 
-c10::intrusive_ptr<c10d::Work> TccBackend::recvAnysource(std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {
-  TORCH_CHECK(
-      false,
-      "tccomm: recvAnysource: receiving from any source is not supported; "
-      "pass the source rank (src=...)");
+c10::intrusive_ptr<c10d::Work> TccBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const char* op = "recv";
+  at::Tensor& tensor = singleTensor(op, tensors, "output");
+  Step step(op);
+  const tcc_buf_t buf = step.buffers.output(tensor);
+  step.call = [buf, tag](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_recv(c, buf, TCC_ANY_SOURCE, coreTag(tag), o, h);
+  };
+  // The sender is known once the receive completes: Work::sourceRank asks the op.
+  return runOne(op, OpType::RECVANYSOURCE, c10d::kUnsetTimeout, std::move(step), tensors, {}, TccWork::kSourceFromOp);
 }
 
 } // namespace tccomm

@@ -1,5 +1,6 @@
 // rendezvous.cpp - see rendezvous.hpp.
 #include "rendezvous.hpp"
+#include "timeouts.hpp"
 
 #include <memory>
 #include <vector>
@@ -102,6 +103,11 @@ c10::intrusive_ptr<TccBackend> createBackend(
     const std::string& advertiseAddr,
     tcc_transport_t transport) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "tccomm: creating '", name, "': rank ", rank, " is out of range [0, ", size, ")");
+  // c10d carries timeouts as int64 microseconds: timedelta.max arrives
+  // wrapped around to a negative value, which can only mean a huge timeout.
+  if (timeout.count() < 0 || timeout > kMaxTimeout) {
+    timeout = kMaxTimeout;
+  }
   TORCH_CHECK(timeout.count() > 0, "tccomm: creating '", name, "': the timeout must be positive, got ", timeout.count(), " ms");
 
   char err[512] = {0};

@@ -2,6 +2,7 @@
 #include "work.hpp"
 
 #include "cuda_support.hpp"
+#include "timeouts.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -274,7 +275,7 @@ bool TccWork::wait(std::chrono::milliseconds timeout) {
   }
   using Clock = std::chrono::steady_clock;
   const bool bounded = timeout != kNoTimeout;
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = Clock::now() + clampTimeout(timeout);
   for (auto& pending : ops_) {
     int64_t waitMs = -1; // no limit of our own: the op's timeout applies
     if (pending->device() >= 0) {
@@ -376,6 +377,12 @@ std::vector<at::Tensor> TccWork::result() {
 int TccWork::sourceRank() const {
   if (sourceRank_ >= 0) {
     return sourceRank_;
+  }
+  if (sourceRank_ == kSourceFromOp && ops_.size() == 1) {
+    const int source = tcc_op_peer(ops_[0]->handle());
+    if (source >= 0) {
+      return source;
+    }
   }
   return c10d::Work::sourceRank();
 }

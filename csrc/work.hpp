@@ -89,6 +89,8 @@ class PendingOp : public c10::intrusive_ptr_target {
 
 class TccWork : public c10d::Work {
  public:
+  // sourceRank for a receive from any source: the op knows once complete.
+  static constexpr int kSourceFromOp = -2;
   // `outputs` is the future's value (the tensors c10d callers read).
   static c10::intrusive_ptr<TccWork> create(
       int rank,

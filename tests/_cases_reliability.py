@@ -169,6 +169,31 @@ def c_wait_timeout(ctx):
                 exact=False)
 
 
+def c_recv_any_source(ctx):
+    """dist.recv / irecv without src receive from whichever rank sends first
+    and say which; matched by tag (as on gloo)."""
+    W, r = ctx.world, ctx.rank
+    for tag in (0, 3):
+        if r == 0:
+            senders = set()
+            for k in range(W - 1):
+                t = torch.full((77,), -1, dtype=torch.int64)
+                if k % 2 == 0:
+                    src = dist.recv(t, tag=tag)
+                else:
+                    w = dist.irecv(t, tag=tag)
+                    w.wait()
+                    src = w._source_rank()
+                assert 1 <= src < W, f"recv without src returned sender {src}"
+                ctx.compare(t, torch.full((77,), 100 * tag + src, dtype=torch.int64),
+                            f"message from rank {src} (tag {tag})")
+                senders.add(src)
+            assert senders == set(range(1, W)), f"senders {sorted(senders)}"
+        else:
+            dist.send(torch.full((77,), 100 * tag + r, dtype=torch.int64), 0, tag=tag)
+    dist.barrier()
+
+
 def _register():
     # (batched_powerSGD_hook is left out: torch 2.14's own _orthogonalize
     # rejects the 2-D matrix it passes, on every backend.)
@@ -179,6 +204,7 @@ def _register():
         gloo_skip="gloo runs continuations on its worker threads: one that waits on a "
                   "later collective of the same group hangs")
     add("wait_timeout_then_complete", S, c_wait_timeout)
+    add("recv_from_any_source", S, c_recv_any_source)
 
 
 _register()

@@ -322,6 +322,9 @@ def timeout_makes_comm_unusable(comm, rank, size):
             assert "unusable after all_reduce" in str(e), e
         else:
             raise AssertionError("the communicator stayed usable after a timeout")
+    # The others stay members until rank 0 has seen its timeout: a rank that
+    # finalizes is noticed at once, and the op would fail saying so instead.
+    comm.barrier(async_op=False)
     sub.finalize()
     p2p = comm.split(list(range(size)))
     if rank == 1:
@@ -332,6 +335,7 @@ def timeout_makes_comm_unusable(comm, rank, size):
             assert "recv" in str(e) and "timed out" in str(e), e
         else:
             raise AssertionError("recv without a send did not time out")
+    comm.barrier(async_op=False)
     p2p.finalize()
     comm.barrier(async_op=False)
 

@@ -1,7 +1,7 @@
 """Off the happy path: DDP communication hooks (PowerSGD and torch's other
 hooks) against gloo, future continuations that wait on later ops of the same
-group, Work.wait(timeout) with a late peer (suite "reliability" in
-tests/_cases_reliability.py)."""
+group, Work.wait(timeout) with a late peer, receiving from any source
+(suite "reliability" in tests/_cases_reliability.py)."""
 
 import pytest
 

@@ -37,7 +37,7 @@ def create_group(store, rank, size, timeout, name, transport="auto"):
     transport: "auto" (the core decides; TCCOMM_TRANSPORT is honoured), "shm" or "tcp".
     """
     load_extension()
-    timeout_ms = max(1, int(_as_timedelta(timeout).total_seconds() * 1000))
+    timeout_ms = _timeout_ms(timeout)
     carrier = dist.ProcessGroup(store, rank, size)
     # The rendezvous through the carrier's store happens in C++, where
     # Backend::split uses it too.
@@ -64,6 +64,24 @@ def advertise_address():
         except (OSError, ValueError):
             pass
     return "127.0.0.1"
+
+
+# "Practically no timeout": far beyond any job, far below where a deadline in
+# nanoseconds (now + timeout) could overflow int64, in the core or in torch.
+_MAX_TIMEOUT_MS = 100 * 365 * 24 * 3600 * 1000
+
+
+def _timeout_ms(timeout):
+    """The group timeout in milliseconds, at least 1, at most _MAX_TIMEOUT_MS.
+
+    c10d carries timeouts as int64 microseconds: timedelta.max reaches the
+    creator wrapped around to a negative value, which can only mean such a
+    huge timeout (a timeout is never meant to be negative).
+    """
+    td = _as_timedelta(timeout)
+    if td < datetime.timedelta(0):
+        return _MAX_TIMEOUT_MS
+    return max(1, min(_MAX_TIMEOUT_MS, td // datetime.timedelta(milliseconds=1)))
 
 
 def _as_timedelta(timeout):

@@ -145,8 +145,12 @@ const char *tcc_comm_last_error(const tcc_comm_t *comm);
 /* Fails every pending and future op with TCC_ERR_ABORTED and wakes every
  * waiter; does not free. Safe from any thread. */
 void tcc_comm_abort(tcc_comm_t *comm);
-/* Waits for the ops already issued (each bounded by its timeout), stops
- * the engine threads and releases every resource. `comm` is invalid after. */
+/* Fails the ops still pending with TCC_ERR_ABORTED (threads waiting on
+ * them return at once), stops the engine threads and releases the
+ * communicator's threads, sockets and shared memory. `comm` is invalid
+ * after; its op handles stay valid until released. Peers that wait on this
+ * rank fail soon, saying it destroyed its communicator. Safe while other
+ * threads wait on its ops; not while another thread issues ops on it. */
 void tcc_comm_destroy(tcc_comm_t *comm);
 
 /* ---- collectives ----------------------------------------------------- */
@@ -179,6 +183,10 @@ tcc_result_t tcc_barrier(tcc_comm_t *comm, const tcc_op_opts_t *opts, tcc_op_t *
 
 tcc_result_t tcc_send(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,
                       const tcc_op_opts_t *opts, tcc_op_t **op);
+/* peer TCC_ANY_SOURCE receives the first message with `tag` from any
+ * rank; tcc_op_peer tells which once the receive completed. A message
+ * goes to the earliest-posted receive it matches, specific or not. */
+#define TCC_ANY_SOURCE (-1)
 tcc_result_t tcc_recv(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,
                       const tcc_op_opts_t *opts, tcc_op_t **op);
 
@@ -195,6 +203,10 @@ tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms);
 tcc_result_t tcc_op_result(const tcc_op_t *op);
 /* The failure message; "" on success or while running. */
 const char *tcc_op_error(const tcc_op_t *op);
+/* A point-to-point op's peer: for a TCC_ANY_SOURCE receive, the rank whose
+ * message it received once it completed (TCC_ANY_SOURCE before); -1 for a
+ * collective. */
+int tcc_op_peer(const tcc_op_t *op);
 /* Makes sure the op makes progress although no thread waits on it. Without
  * it, an op nobody waits on may start a few milliseconds late (the engine
  * does not wake a thread per submit). Call it when the op is handed to code

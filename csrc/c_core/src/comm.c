@@ -116,6 +116,8 @@ tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
     tcc_err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
     goto fail;
   }
+  atomic_store(&comm->refs, 1);
+  comm->owner_pid = getpid();
   comm->rank = cfg->rank;
   comm->size = cfg->size;
   snprintf(comm->name, sizeof comm->name, "%s", cfg->name && *cfg->name ? cfg->name : "tccomm");
@@ -174,10 +176,26 @@ void tcc_comm_abort(tcc_comm_t *comm) {
 
 void tcc_comm_destroy(tcc_comm_t *comm) {
   if (!comm) return;
+  /* In a forked child the threads, descriptors and mappings are the
+   * parent's (or gone: see forksafe.c, MADV_DONTFORK): touch nothing. */
+  if (getpid() != comm->owner_pid) return;
+  /* Ops still pending fail now rather than hold destroy (and the threads
+   * waiting on them) until their timeouts; peers blocked on this rank learn
+   * that it left from its transport. */
+  char msg[TCC_ERRLEN];
+  snprintf(msg, sizeof msg, "communicator '%s' was destroyed on rank %d while the op was pending",
+           comm->name, comm->rank);
+  tcc_comm_fail(comm, TCC_ERR_ABORTED, msg);
   /* CUDA first: its watchdog may still fail ops through the engine's state. */
   tcc_cuda_destroy(comm);
   tcc_engine_stop(comm);
   if (comm->ops) comm->ops->destroy(comm);
+  tcc_comm_release(comm);
+}
+
+void tcc_comm_release(tcc_comm_t *comm) {
+  if (atomic_fetch_sub(&comm->refs, 1) != 1) return;
+  tcc_engine_free(comm);
   pthread_mutex_destroy(&comm->fail_lock);
   pthread_mutex_destroy(&comm->cuda_lock);
   free(comm);
@@ -260,6 +278,7 @@ static tcc_op_t *op_alloc(tcc_comm_t *comm, tcc_op_kind_t kind, const tcc_op_opt
   tcc_op_t *op = calloc(1, sizeof *op);
   if (!op) return NULL;
   atomic_store(&op->refs, 1);
+  atomic_fetch_add(&comm->refs, 1); /* released with the op */
   op->comm = comm;
   op->kind = kind;
   op->timeout_ms = op_timeout(comm, opts);
@@ -467,13 +486,19 @@ static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int
   const char *w = kind == TCC_OP_SEND ? "send" : "recv";
   TRY(check_usable(comm, w));
   TRY(check_buf(comm, w, "the", buf));
-  if (peer < 0 || peer >= comm->size || peer == comm->rank)
+  const int any = kind == TCC_OP_RECV && peer == TCC_ANY_SOURCE;
+  if (!any && (peer < 0 || peer >= comm->size || peer == comm->rank))
     return reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s' (rank %d): peer rank %d is invalid (%s)", w,
                   comm->name, comm->rank, peer,
                   peer == comm->rank ? "it is this rank" : "out of range");
+  if (any && buf.device >= 0)
+    return reject(comm, TCC_ERR_UNSUPPORTED,
+                  "tccomm recv on '%s' (rank %d): receiving from any source needs host memory", comm->name,
+                  comm->rank);
   tcc_op_t *op = op_alloc(comm, kind, opts);
   if (!op) return reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
   op->peer = peer;
+  op->source = peer;
   op->tag = tag;
   op->buf = buf.ptr;
   op->bytes = buf.count * tcc_dtype_size(buf.dtype);

@@ -161,7 +161,7 @@ static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc_cuda *c, tcc_o
     return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): recording its completion failed: %s",
                        tcc_cuda_op_name(op), comm->name, comm->rank, cudaGetErrorString(e));
   }
-  op->deadline_ns = tcc_now_ns() + op->timeout_ms * 1000000LL;
+  op->deadline_ns = tcc_deadline_after_ms(op->timeout_ms);
   op->cuda_captured = captured;
   atomic_store(&op->cuda_event, (void *)ev); /* after the fields its readers check */
   if (!captured) tcc_cuda_watch(c, op);

@@ -45,6 +45,7 @@ typedef struct p2p_header {
 /* A message that arrived before its receive was posted. */
 typedef struct unexpected_msg {
   uint64_t tag;
+  uint64_t arrival; /* order of arrival over all peers (any-source matching) */
   size_t bytes;
   void *data;
   struct unexpected_msg *next;
@@ -77,12 +78,19 @@ struct tcc_engine {
   int stopping;
   int p2p_idle; /* p2p thread sleeping on p2p_cv */
   int runner_busy; /* a thread is running the collective queue */
+  int users;       /* threads inside tcc_op_wait's runner path; stop waits for 0 */
+  pthread_cond_t users_cv;
   int coll_deep_sleep;      /* the collective thread sleeps until signalled */
   int64_t last_submit_ns;   /* last collective submitted (tcc_now_ns) */
   pthread_t coll_thread, p2p_thread;
   int coll_started, p2p_started;
   peer_state_t *peers;
-  int p2p_pending; /* ops owned by the p2p thread */
+  /* Posted receives from any source, in posting order (p2p thread only).
+   * A p2p op's `seq` is its posting number, so a message goes to the
+   * earliest-posted receive it matches, specific or any-source. */
+  tcc_op_t *any_head, *any_tail;
+  uint64_t posted, arrived;
+  atomic_int p2p_pending; /* ops owned by the p2p thread (it decrements without the lock) */
 };
 
 /* ---- op completion ---------------------------------------------------- */
@@ -117,7 +125,7 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
     return;
   }
   tcc_err_t err = {TCC_OK, {0}};
-  op->deadline_ns = tcc_now_ns() + op->timeout_ms * 1000000LL;
+  op->deadline_ns = tcc_deadline_after_ms(op->timeout_ms);
   tcc_result_t r = comm->ops->run_collective(comm, &op->coll, op->seq, op->deadline_ns, &err);
   if (r != TCC_OK && err.msg[0] == 0)
     tcc_err_set(&err, r, "tccomm %s on '%s' (rank %d) failed: %s", tcc_coll_name(op->coll.kind),
@@ -205,11 +213,13 @@ static void *collective_thread_main(void *arg) {
 
 /* Fails a p2p op with a message naming the op, the group, both ranks and the tag. */
 static void fail_p2p_op(tcc_op_t *op, tcc_result_t code, const char *cause) {
-  char msg[TCC_ERRLEN];
+  char msg[TCC_ERRLEN], peer[32];
   const int is_send = op->kind == TCC_OP_SEND;
-  snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) %s rank %d, tag %llu: %.360s",
-           is_send ? "send" : "recv", op->comm->name, op->comm->rank, is_send ? "to" : "from",
-           op->peer, (unsigned long long)op->tag, cause);
+  if (op->peer == TCC_ANY_SOURCE) snprintf(peer, sizeof peer, "any rank");
+  else snprintf(peer, sizeof peer, "rank %d", op->peer);
+  snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) %s %s, tag %llu: %.360s",
+           is_send ? "send" : "recv", op->comm->name, op->comm->rank, is_send ? "to" : "from", peer,
+           (unsigned long long)op->tag, cause);
   tcc_op_finish(op, code, msg);
 }
 
@@ -268,16 +278,63 @@ static int match_unexpected(tcc_engine_t *e, peer_state_t *ps, tcc_op_t *op) {
   return 0;
 }
 
-static tcc_op_t *take_posted_recv(peer_state_t *ps, uint64_t tag) {
+static tcc_op_t *take_posted_recv_from(tcc_op_t **head, tcc_op_t **tail, uint64_t tag) {
   tcc_op_t *prev = NULL;
-  for (tcc_op_t *op = ps->recv_head; op; prev = op, op = op->next) {
+  for (tcc_op_t *op = *head; op; prev = op, op = op->next) {
     if (op->tag != tag) continue;
-    if (prev) prev->next = op->next; else ps->recv_head = op->next;
-    if (ps->recv_tail == op) ps->recv_tail = prev;
+    if (prev) prev->next = op->next; else *head = op->next;
+    if (*tail == op) *tail = prev;
     op->next = NULL;
     return op;
   }
   return NULL;
+}
+
+static tcc_op_t *take_posted_recv(peer_state_t *ps, uint64_t tag) {
+  return take_posted_recv_from(&ps->recv_head, &ps->recv_tail, tag);
+}
+
+/* The earliest-posted any-source receive for `tag`, unlinked; NULL if none. */
+static tcc_op_t *take_any_recv(tcc_engine_t *e, uint64_t tag) {
+  return take_posted_recv_from(&e->any_head, &e->any_tail, tag);
+}
+
+/* The receive a message with `tag` from `peer` goes to: the earlier posted
+ * of that peer's first matching receive and the first matching any-source
+ * one (the other stays posted). Unlinked; NULL if none. */
+static tcc_op_t *take_recv_for(tcc_engine_t *e, peer_state_t *ps, int peer, uint64_t tag) {
+  tcc_op_t *mine = NULL, *any = NULL;
+  for (tcc_op_t *op = ps->recv_head; op && !mine; op = op->next)
+    if (op->tag == tag) mine = op;
+  for (tcc_op_t *op = e->any_head; op && !any; op = op->next)
+    if (op->tag == tag) any = op;
+  if (any && (!mine || any->seq < mine->seq)) {
+    tcc_op_t *op = take_any_recv(e, tag);
+    op->source = peer; /* published by the op's completion */
+    return op;
+  }
+  return mine ? take_posted_recv(ps, tag) : NULL;
+}
+
+/* Matches an any-source receive against the buffered arrivals of every
+ * peer, oldest arrival first. Returns 1 if done. */
+static int match_unexpected_any(tcc_comm_t *comm, tcc_op_t *op) {
+  tcc_engine_t *e = comm->engine;
+  int best = -1;
+  uint64_t best_arrival = UINT64_MAX;
+  for (int p = 0; p < comm->size; p++) {
+    peer_state_t *ps = &e->peers[p];
+    for (unexpected_msg_t *m = ps->unexp_head; m; m = m->next) {
+      if (m->tag != op->tag) continue;
+      /* Only a peer's first message with this tag may match, and not while
+       * it is still arriving. */
+      if (m != ps->in_unexp && m->arrival < best_arrival) best = p, best_arrival = m->arrival;
+      break;
+    }
+  }
+  if (best < 0) return 0;
+  op->source = best;
+  return match_unexpected(e, &e->peers[best], op);
 }
 
 /* Moves bytes of the head send of one peer. Returns bytes moved or -1. */
@@ -330,7 +387,7 @@ static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
       ps->in_hdr_got = 0;
       ps->in_payload = 1;
       size_t bytes = (size_t)ps->in_hdr.bytes;
-      tcc_op_t *op = take_posted_recv(ps, ps->in_hdr.tag);
+      tcc_op_t *op = take_recv_for(e, ps, peer, ps->in_hdr.tag);
       if (op) {
         start_payload_into_recv(e, ps, op, bytes);
       } else {
@@ -344,6 +401,7 @@ static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
           return -1;
         }
         m->tag = ps->in_hdr.tag;
+        m->arrival = ++e->arrived;
         m->bytes = bytes;
         m->data = data;
         /* Listed now so later messages with the same tag stay behind it. */
@@ -381,17 +439,23 @@ static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
       unexpected_msg_t *m = ps->in_unexp;
       ps->in_unexp = NULL;
       /* A receive may have been posted while the payload streamed in. */
-      tcc_op_t *op = take_posted_recv(ps, m->tag);
+      tcc_op_t *op = take_recv_for(e, ps, peer, m->tag);
       if (op) match_unexpected(e, ps, op);
     }
   }
 }
 
 /* Hands newly submitted p2p ops to their peers' queues. */
-static void adopt_new_p2p_ops(tcc_engine_t *e, tcc_op_t *list) {
+static void adopt_new_p2p_ops(tcc_comm_t *comm, tcc_op_t *list) {
+  tcc_engine_t *e = comm->engine;
   while (list) {
     tcc_op_t *op = list;
     list = op->next;
+    op->seq = ++e->posted;
+    if (op->peer == TCC_ANY_SOURCE) {
+      if (!match_unexpected_any(comm, op)) queue_push(&e->any_head, &e->any_tail, op);
+      continue;
+    }
     peer_state_t *ps = &e->peers[op->peer];
     /* Messages that arrived before the stream broke still match. */
     if (op->kind == TCC_OP_RECV && match_unexpected(e, ps, op)) continue;
@@ -452,6 +516,7 @@ static void expire_p2p_ops(tcc_comm_t *comm, int64_t now, int all, tcc_result_t 
                            const char *cause) {
   for (int p = 0; p < comm->size; p++)
     expire_peer_ops(comm, &comm->engine->peers[p], now, all, code, cause);
+  expire_queue(comm, &comm->engine->any_head, &comm->engine->any_tail, now, all, code, cause);
 }
 
 /* The stream to one peer failed (typically: it closed its communicator
@@ -461,6 +526,11 @@ static void break_peer(tcc_comm_t *comm, peer_state_t *ps, const tcc_err_t *err)
   ps->broken = err->code;
   snprintf(ps->broken_msg, sizeof ps->broken_msg, "%s", err->msg);
   expire_peer_ops(comm, ps, 0, 1, err->code, err->msg);
+  /* Any-source receives wait while some peer may still send. */
+  tcc_engine_t *e = comm->engine;
+  for (int p = 0; p < comm->size; p++)
+    if (p != comm->rank && e->peers[p].broken == TCC_OK) return;
+  expire_queue(comm, &e->any_head, &e->any_tail, 0, 1, err->code, err->msg);
 }
 
 static void free_unexpected(tcc_engine_t *e, int size) {
@@ -498,7 +568,7 @@ static void *p2p_thread_main(void *arg) {
     }
     int stopping = e->stopping;
     pthread_mutex_unlock(&e->lock);
-    adopt_new_p2p_ops(e, fresh);
+    adopt_new_p2p_ops(comm, fresh);
 
     if (atomic_load(&comm->aborted) || stopping) {
       char cause[TCC_ERRLEN];
@@ -562,6 +632,7 @@ tcc_result_t tcc_engine_start(tcc_comm_t *comm, tcc_err_t *err) {
   pthread_cond_init(&e->coll_cv, &monotonic);
   pthread_condattr_destroy(&monotonic);
   pthread_cond_init(&e->p2p_cv, NULL);
+  pthread_cond_init(&e->users_cv, NULL);
   comm->engine = e;
   int rc = pthread_create(&e->coll_thread, NULL, collective_thread_main, comm);
   if (rc == 0) {
@@ -571,6 +642,7 @@ tcc_result_t tcc_engine_start(tcc_comm_t *comm, tcc_err_t *err) {
   }
   if (rc != 0) {
     tcc_engine_stop(comm);
+    tcc_engine_free(comm);
     return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s': cannot start engine threads: %s", comm->name,
                        strerror(rc));
   }
@@ -581,6 +653,15 @@ void tcc_engine_submit(tcc_comm_t *comm, tcc_op_t *op) {
   tcc_engine_t *e = comm->engine;
   tcc_op_retain(op);
   pthread_mutex_lock(&e->lock);
+  if (e->stopping) { /* destroy has begun: nothing runs any more */
+    pthread_mutex_unlock(&e->lock);
+    char msg[TCC_ERRLEN];
+    snprintf(msg, sizeof msg, "tccomm op on '%s' (rank %d) not run: the communicator is being destroyed",
+             comm->name, comm->rank);
+    tcc_op_finish(op, TCC_ERR_ABORTED, msg);
+    tcc_op_release(op);
+    return;
+  }
   if (op->kind == TCC_OP_COLL) {
     /* Numbered under the lock so numbers follow queue order. */
     op->seq = atomic_fetch_add(&comm->coll_issued, 1) + 1;
@@ -590,7 +671,7 @@ void tcc_engine_submit(tcc_comm_t *comm, tcc_op_t *op) {
     pthread_mutex_unlock(&e->lock);
     return;
   }
-  op->deadline_ns = tcc_now_ns() + op->timeout_ms * 1000000LL;
+  op->deadline_ns = tcc_deadline_after_ms(op->timeout_ms);
   queue_push(&e->p2p_new_head, &e->p2p_new_tail, op);
   e->p2p_pending++;
   int idle = e->p2p_idle;
@@ -618,15 +699,44 @@ void tcc_engine_stop(tcc_comm_t *comm) {
   pthread_cond_broadcast(&e->p2p_cv);
   pthread_mutex_unlock(&e->lock);
   if (comm->ops) comm->ops->p2p_notify(comm);
+  /* A thread running the queue from tcc_op_wait uses the transport: it
+   * must be out before the transport goes (its op fails fast: the
+   * communicator is failed before stop). */
+  pthread_mutex_lock(&e->lock);
+  while (e->users > 0) pthread_cond_wait(&e->users_cv, &e->lock);
+  pthread_mutex_unlock(&e->lock);
   if (e->coll_started) pthread_join(e->coll_thread, NULL);
   if (e->p2p_started) pthread_join(e->p2p_thread, NULL);
+  e->coll_started = e->p2p_started = 0;
   free_unexpected(e, comm->size);
+}
+
+void tcc_engine_free(tcc_comm_t *comm) {
+  tcc_engine_t *e = comm->engine;
+  if (!e) return;
   pthread_mutex_destroy(&e->lock);
   pthread_cond_destroy(&e->coll_cv);
   pthread_cond_destroy(&e->p2p_cv);
+  pthread_cond_destroy(&e->users_cv);
   free(e->peers);
   free(e);
   comm->engine = NULL;
+}
+
+/* Enters the part of tcc_op_wait that may run the queue; false once
+ * destroy has begun (the op is then finished by the stopping engine). */
+static bool engine_enter(tcc_engine_t *e) {
+  pthread_mutex_lock(&e->lock);
+  bool ok = !e->stopping;
+  if (ok) e->users++;
+  pthread_mutex_unlock(&e->lock);
+  return ok;
+}
+
+static void engine_leave(tcc_engine_t *e) {
+  pthread_mutex_lock(&e->lock);
+  if (--e->users == 0 && e->stopping) pthread_cond_broadcast(&e->users_cv);
+  pthread_mutex_unlock(&e->lock);
 }
 
 /* ---- op handles ------------------------------------------------------- */
@@ -644,29 +754,23 @@ const char *tcc_op_error(const tcc_op_t *op) {
   return atomic_load(&((tcc_op_t *)op)->finished) ? op->error : "";
 }
 
-/* now + timeout_ms, saturating: a huge timeout means "no limit", never a
- * deadline in the past. */
-static int64_t wait_deadline(int64_t timeout_ms) {
-  int64_t now = tcc_now_ns();
-  if (timeout_ms >= (INT64_MAX - now) / 1000000LL) return INT64_MAX;
-  return now + timeout_ms * 1000000LL;
-}
-
 tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms) {
   if (atomic_load(&op->finished)) return op->result;
   tcc_comm_t *comm = op->comm;
   /* Run the queue ourselves when nobody else is: see the file comment. A
    * bounded wait must not: a collective, once started, runs until it ends
    * or its own deadline passes, which may be long after timeout_ms. */
-  if (op->kind == TCC_OP_COLL && op->cuda_device < 0 && comm->engine) {
-    if (timeout_ms < 0 && claim_runner(comm->engine)) {
+  tcc_engine_t *e = comm->engine;
+  if (op->kind == TCC_OP_COLL && op->cuda_device < 0 && e && engine_enter(e)) {
+    if (timeout_ms < 0 && claim_runner(e)) {
       run_collective_queue(comm, op);
-      release_runner(comm->engine);
+      release_runner(e);
     } else if (timeout_ms >= 0) {
       tcc_op_start(op);
     }
+    engine_leave(e);
   }
-  int64_t deadline = timeout_ms < 0 ? INT64_MAX : wait_deadline(timeout_ms);
+  int64_t deadline = timeout_ms < 0 ? INT64_MAX : tcc_deadline_after_ms(timeout_ms);
   for (int i = 0; i < comm->spin_iters; i++) {
     if (atomic_load(&op->finished)) return op->result;
     tcc_cpu_relax();
@@ -682,8 +786,15 @@ tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms) {
   }
 }
 
+int tcc_op_peer(const tcc_op_t *op) {
+  if (op->kind == TCC_OP_COLL) return -1;
+  if (op->peer != TCC_ANY_SOURCE) return op->peer;
+  /* The p2p thread sets `source` before it finishes the op. */
+  return atomic_load(&((tcc_op_t *)op)->finished) ? op->source : TCC_ANY_SOURCE;
+}
+
 void tcc_op_start(tcc_op_t *op) {
-  /* A finished op may outlive its communicator: do not touch it then. */
+  /* (The engine's memory lives as long as any op of it.) */
   if (op->kind != TCC_OP_COLL || op->cuda_device >= 0 || atomic_load(&op->finished)) return;
   tcc_engine_t *e = op->comm->engine;
   pthread_mutex_lock(&e->lock);
@@ -711,5 +822,7 @@ void tcc_op_release(tcc_op_t *op) {
   pthread_mutex_destroy(&op->cb_lock);
   tcc_cuda_op_free(op);
   free(op->owned_arrays);
+  tcc_comm_t *comm = op->comm;
   free(op);
+  tcc_comm_release(comm);
 }

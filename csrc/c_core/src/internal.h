@@ -32,6 +32,10 @@ tcc_result_t tcc_err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ...
 /* ---- time and waiting ------------------------------------------------ */
 
 int64_t tcc_now_ns(void); /* CLOCK_MONOTONIC */
+/* tcc_now_ns() + timeout_ms, saturated at INT64_MAX: a huge timeout means
+ * "practically never" instead of wrapping into the past. A negative timeout
+ * counts as 0 (the deadline is now). */
+int64_t tcc_deadline_after_ms(int64_t timeout_ms);
 
 /* Futex on a 32-bit word that may live in process-shared memory. */
 void tcc_futex_wait(atomic_uint *word, unsigned expected, int64_t max_ns);
@@ -44,6 +48,14 @@ static inline void tcc_cpu_relax(void) {
   __asm__ __volatile__("yield");
 #endif
 }
+
+/* ---- descriptors and fork (forksafe.c) -------------------------------- */
+
+/* Registers fd to be closed in a child made by fork(): its copy would keep
+ * a dead parent's connections and liveness lock alive. */
+void tcc_fd_close_on_fork(int fd);
+/* Closes a registered (or unregistered) fd and forgets it. */
+void tcc_fd_close(int fd);
 
 /* ---- reductions (reduce.c) ------------------------------------------- */
 
@@ -199,7 +211,8 @@ struct tcc_op {
   tcc_coll_t coll;     /* TCC_OP_COLL; arrays below are owned copies */
   void *owned_arrays;  /* one allocation backing coll.sends/recvs/counts */
   /* P2P */
-  int peer;
+  int peer;            /* TCC_ANY_SOURCE: a receive from any rank */
+  int source;          /* the rank a receive matched (set before it finishes) */
   uint64_t tag;
   void *buf;
   size_t bytes;
@@ -232,14 +245,23 @@ tcc_result_t tcc_engine_start(tcc_comm_t *comm, tcc_err_t *err);
 void tcc_engine_submit(tcc_comm_t *comm, tcc_op_t *op);
 /* Wakes everything (after comm->aborted was set). */
 void tcc_engine_wake(tcc_comm_t *comm);
-/* Stops threads after the queued ops are finished or failed. */
+/* Stops the threads once no other thread is inside the engine and the
+ * queued ops are finished or failed (destroy fails them first). The engine
+ * memory stays until tcc_engine_free: ops that outlive the communicator
+ * still reach it. */
 void tcc_engine_stop(tcc_comm_t *comm);
+void tcc_engine_free(tcc_comm_t *comm);
 /* Finishes an op: records result/message, runs the callback, wakes waiters. */
 void tcc_op_finish(tcc_op_t *op, tcc_result_t result, const char *msg);
 
 /* ---- communicator ----------------------------------------------------- */
 
 struct tcc_comm {
+  /* One reference for the owner (dropped by tcc_comm_destroy) and one per
+   * op: an op handle may be waited on or tested after destroy, and a
+   * thread may still be inside tcc_op_wait when destroy starts. */
+  atomic_int refs;
+  pid_t owner_pid; /* the process that created it (not a forked child) */
   int rank;
   int size;
   char name[64];
@@ -264,5 +286,7 @@ struct tcc_comm {
 /* Marks the communicator failed (first failure wins) so later ops fail
  * fast with `code` and `msg`; wakes every thread. */
 void tcc_comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg);
+/* Drops a reference; the last one frees the communicator's memory. */
+void tcc_comm_release(tcc_comm_t *comm);
 
 #endif /* TCC_INTERNAL_H */

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,9 +17,12 @@
 
 #include "shm.h"
 
-#define HEADER_BYTES 4096
+#define HEADER_BYTES TCC_SEGMENT_HEAD_BYTES
 #define DEFAULT_WINDOW (512u * 1024u)
+#define MAX_WINDOW (64u << 20)
 #define DEFAULT_SMALL (32u * 1024u)
+
+_Static_assert(sizeof(shm_header_t) <= HEADER_BYTES, "the header must fit the segment's first page");
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -42,11 +46,26 @@ static shm_ring_t *ring_of(shm_state_t *st, int from, int to) {
   return (shm_ring_t *)(st->base + st->hdr->ring_off + idx * ring_stride(st->hdr));
 }
 
-static void layout(shm_header_t *h, int n) {
+/* Each stage gives every rank at least a cache line of the window. */
+static size_t min_window(int n) { return align_up((size_t)n * TCC_CACHELINE, 4096); }
+
+/* Rank 0's choice of the tunables: its environment alone decides, and the
+ * header carries the result to every other rank. */
+static void choose_sizes(int n, uint64_t *window, uint64_t *small) {
+  size_t w = align_up(env_bytes("TCCOMM_SHM_WINDOW_BYTES", DEFAULT_WINDOW, 4096, MAX_WINDOW), 4096);
+  if (w < min_window(n)) w = min_window(n);
+  size_t s = env_bytes("TCCOMM_SHM_SMALL_BYTES", DEFAULT_SMALL, 0, w);
+  *window = w;
+  *small = s < w ? s : w;
+}
+
+/* Everything else follows from the group size and the window: rank 0 lays
+ * the segment out with it, the other ranks recompute it to check the
+ * header. With n <= TCC_MAX_RANKS and window <= MAX_WINDOW nothing here
+ * comes near overflow. */
+static void layout(shm_header_t *h, int n, uint64_t window) {
   h->size = (uint32_t)n;
-  h->window = align_up(env_bytes("TCCOMM_SHM_WINDOW_BYTES", DEFAULT_WINDOW, 4096, 64u << 20), 4096);
-  /* Each stage gives every rank at least a cache line of the window. */
-  if (h->window < align_up((size_t)n * TCC_CACHELINE, 4096)) h->window = align_up((size_t)n * TCC_CACHELINE, 4096);
+  h->window = window;
   h->ring_bytes = n <= 4 ? (1u << 20) : align_up((4u << 20) / (size_t)n, 4096);
   if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
   h->desc_stride = align_up(tcc_coll_desc_bytes(TCC_COLL_ALLTOALL, n), TCC_CACHELINE);
@@ -60,18 +79,21 @@ static void layout(shm_header_t *h, int n) {
 /* ---- setup ------------------------------------------------------------ */
 
 /* Rank 0: the segment, laid out for this group, then published. */
-static tcc_result_t create_segment(tcc_comm_t *comm, const char *name, const char *who, shm_state_t *st,
+static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, const char *who, shm_state_t *st,
                                    tcc_err_t *err) {
   shm_header_t h;
   memset(&h, 0, sizeof h);
-  layout(&h, comm->size);
+  uint64_t window, small;
+  choose_sizes(comm->size, &window, &small);
+  layout(&h, comm->size, window);
   void *base;
-  tcc_result_t r = tcc_segment_create(name, h.seg.total_bytes, who, &base, err);
+  tcc_result_t r = tcc_segment_create(id, h.seg.total_bytes, comm->size, who, &base, err);
   if (r != TCC_OK) return r;
   /* Fresh tmpfs pages are zero: counters, rings and doorbells start at 0. */
   shm_header_t *hdr = base;
   hdr->size = h.size;
   hdr->window = h.window;
+  hdr->small_bytes = small;
   hdr->ring_bytes = h.ring_bytes;
   hdr->desc_stride = h.desc_stride;
   hdr->ctrl_off = h.ctrl_off;
@@ -85,32 +107,92 @@ static tcc_result_t create_segment(tcc_comm_t *comm, const char *name, const cha
   return TCC_OK;
 }
 
+__attribute__((format(printf, 3, 4)))
+static tcc_result_t bad_header(const char *who, tcc_err_t *err, const char *fmt, ...) {
+  char why[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  return tcc_err_set(err, TCC_ERR_INVALID, "%s: the shared-memory segment's header is inconsistent: %s: not trusted",
+                     who, why);
+}
+
+/* The other ranks: rank 0's header against the layout recomputed from its
+ * published tunables and this group's size, field by field. `bytes`: the
+ * verified size of the mapping, of which only the first page is read. */
+static tcc_result_t check_header(const shm_header_t *h, int n, size_t bytes, const char *who, tcc_err_t *err) {
+  if (h->size != (uint32_t)n) return bad_header(who, err, "it is laid out for %u ranks, this group has %d", h->size, n);
+  if (h->window < min_window(n) || h->window > MAX_WINDOW || h->window % 4096 != 0)
+    return bad_header(who, err, "window of %llu bytes is not a multiple of 4096 in [%zu, %u]",
+                      (unsigned long long)h->window, min_window(n), MAX_WINDOW);
+  if (h->small_bytes > h->window)
+    return bad_header(who, err, "small-message threshold of %llu bytes exceeds the %llu-byte window",
+                      (unsigned long long)h->small_bytes, (unsigned long long)h->window);
+  shm_header_t want;
+  memset(&want, 0, sizeof want);
+  layout(&want, n, h->window);
+  const struct {
+    const char *what;
+    uint64_t got, want;
+  } fields[] = {
+      {"ring_bytes", h->ring_bytes, want.ring_bytes}, {"desc_stride", h->desc_stride, want.desc_stride},
+      {"ctrl_off", h->ctrl_off, want.ctrl_off},       {"desc_off", h->desc_off, want.desc_off},
+      {"data_off", h->data_off, want.data_off},       {"ring_off", h->ring_off, want.ring_off},
+      {"total", h->seg.total_bytes, want.seg.total_bytes}, {"segment size", bytes, want.seg.total_bytes},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    if (fields[i].got != fields[i].want)
+      return bad_header(who, err, "%s is %llu, expected %llu for %d ranks and a %llu-byte window", fields[i].what,
+                        (unsigned long long)fields[i].got, (unsigned long long)fields[i].want, n,
+                        (unsigned long long)h->window);
+  }
+  return TCC_OK;
+}
+
+/* The other ranks: rank 0's segment, verified, mapped at st->base. */
+static tcc_result_t open_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, int64_t deadline, const char *who,
+                                 shm_state_t *st, tcc_err_t *err) {
+  void *base = NULL;
+  tcc_result_t r = tcc_segment_open(id, comm->rank, comm->size, deadline, who, &base, &st->bytes, err);
+  if (r != TCC_OK) return r;
+  r = check_header(base, comm->size, st->bytes, who, err);
+  if (r != TCC_OK) {
+    munmap(base, st->bytes);
+    return r;
+  }
+  st->base = base;
+  st->hdr = base;
+  return TCC_OK;
+}
+
 static const tcc_transport_ops_t shm_ops;
 static void shm_destroy(tcc_comm_t *comm);
 
 tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err) {
   shm_state_t *st = calloc(1, sizeof *st);
   if (!st) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
-  char name[64];
+  tcc_segment_id_t id;
   char who[160];
-  tcc_segment_name("", blobs[0].token, name);
+  tcc_segment_id("", blobs[0].token, &id);
   snprintf(who, sizeof who, "tccomm '%s' (rank %d)", comm->name, comm->rank);
-  int64_t deadline = tcc_now_ns() + atomic_load(&comm->timeout_ms) * 1000000LL;
-  tcc_result_t r = TCC_OK;
-  if (comm->rank == 0) {
-    r = create_segment(comm, name, who, st, err);
-  } else {
-    void *base = NULL;
-    r = tcc_segment_open(name, deadline, who, &base, &st->bytes, err);
-    st->base = base;
-    st->hdr = base;
-  }
+  const int64_t deadline = tcc_deadline_after_ms(atomic_load(&comm->timeout_ms));
+  tcc_result_t r = comm->rank == 0 ? create_segment(comm, &id, who, st, err)
+                                   : open_segment(comm, &id, deadline, who, st, err);
   if (r != TCC_OK) {
     free(st);
     return r;
   }
+  if (tcc_shm_liveness_start(comm, st, id.name, err) != TCC_OK) {
+    if (comm->rank == 0) shm_unlink(id.name);
+    munmap(st->base, st->bytes);
+    tcc_shm_liveness_stop(comm, st);
+    free(st);
+    return err->code;
+  }
   int n = comm->size, got = 0;
-  if (tcc_segment_attach(st->base, name, n, deadline, &got) != TCC_OK) {
+  if (tcc_segment_attach(st->base, id.name, n, deadline, &got) != TCC_OK) {
+    tcc_shm_liveness_stop(comm, st);
     munmap(st->base, st->bytes);
     free(st);
     return tcc_err_set(err, TCC_ERR_TIMEOUT,
@@ -130,9 +212,9 @@ tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t 
     shm_destroy(comm);
     return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   }
+  /* Rank 0's values, checked: never this rank's own environment. */
   st->window = st->hdr->window;
-  st->small_bytes = env_bytes("TCCOMM_SHM_SMALL_BYTES", DEFAULT_SMALL, 0, st->window);
-  if (st->small_bytes > st->window) st->small_bytes = st->window;
+  st->small_bytes = st->hdr->small_bytes;
   comm->transport_state = st;
   comm->ops = &shm_ops;
   return TCC_OK;
@@ -190,6 +272,11 @@ tcc_result_t tcc_shm_barrier(tcc_comm_t *comm, shm_state_t *st, int64_t deadline
       /* Leave the stage counter as is: the communicator is failed anyway. */
       return barrier_timeout(comm, st, what, seq, stage, err);
     }
+    for (int k = j; k < n; k++) {
+      if (atomic_load_explicit(&shm_ctrl(st, k)->arrive, memory_order_acquire) >= stage) continue;
+      tcc_result_t gone = tcc_shm_peer_check(comm, st, k, false, what, err);
+      if (gone != TCC_OK) return gone;
+    }
     if (yields < 64) {
       sched_yield();
     } else {
@@ -218,8 +305,9 @@ static void ring_doorbell(shm_state_t *st, int rank) {
 }
 
 static ssize_t shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err) {
-  (void)err;
   shm_state_t *st = shm_of(comm);
+  /* Bytes for a peer that is gone would never be read. */
+  if (tcc_shm_peer_check(comm, st, peer, false, "point-to-point stream", err) != TCC_OK) return -1;
   shm_ring_t *ring = ring_of(st, comm->rank, peer);
   const size_t cap = st->hdr->ring_bytes;
   uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
@@ -237,7 +325,6 @@ static ssize_t shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t
 }
 
 static ssize_t shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err) {
-  (void)err;
   shm_state_t *st = shm_of(comm);
   shm_ring_t *ring = ring_of(st, peer, comm->rank);
   const size_t cap = st->hdr->ring_bytes;
@@ -245,7 +332,18 @@ static ssize_t shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, t
   uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
   size_t avail = (size_t)(head - tail);
   size_t n = len < avail ? len : avail;
-  if (n == 0) return 0;
+  if (n == 0) {
+    /* What a peer wrote before it went is still read; after that, nothing
+     * more can come. The head is read again after the check: bytes written
+     * just before the peer went must not be lost. */
+    if (tcc_shm_peer_check(comm, st, peer, false, "point-to-point stream", err) == TCC_OK) return 0;
+    if (atomic_load_explicit(&ring->head, memory_order_acquire) != head) {
+      err->code = TCC_OK;
+      err->msg[0] = 0;
+      return 0;
+    }
+    return -1;
+  }
   size_t at = (size_t)(tail % cap);
   size_t first = n < cap - at ? n : cap - at;
   memcpy(buf, ring->data + at, first);
@@ -290,6 +388,7 @@ static void shm_p2p_notify(tcc_comm_t *comm) {
 static void shm_destroy(tcc_comm_t *comm) {
   shm_state_t *st = shm_of(comm);
   if (!st) return;
+  tcc_shm_liveness_stop(comm, st);
   munmap(st->base, st->bytes);
   free(st->srcs);
   free(st->descs);

@@ -4,7 +4,10 @@
  *
  * One segment per communicator, created by rank 0 under a name derived
  * from rank 0's random endpoint token, mode 0600, and unlinked as soon as
- * every rank has mapped it. Layout:
+ * every rank has mapped it (shm_segment.h). Rank 0 chooses the tunable
+ * sizes and publishes them in the header; the other ranks use those, never
+ * their own environment, and accept the header only when the layout they
+ * recompute from it and the group size matches it exactly. Layout:
  *
  *   header | per-rank control (barrier arrival, p2p doorbell)
  *          | per-rank descriptors [2 parities]
@@ -27,9 +30,10 @@
 #define TCC_CACHELINE 64
 
 typedef struct shm_header {
-  tcc_segment_head_t seg; /* readiness, ranks attached, total size */
+  tcc_segment_head_t seg; /* readiness, ranks attached, total size, secret */
   uint32_t size;
   uint64_t window;      /* W: staging bytes per rank, per parity, per area */
+  uint64_t small_bytes; /* reductions up to this size go one-shot */
   uint64_t ring_bytes;  /* p2p ring capacity per ordered pair */
   uint64_t desc_stride;
   uint64_t ctrl_off, desc_off, data_off, ring_off;
@@ -41,6 +45,7 @@ typedef struct shm_rank_ctrl {
   _Alignas(TCC_CACHELINE) atomic_ullong arrive; /* last barrier stage reached */
   _Alignas(TCC_CACHELINE) atomic_uint doorbell; /* bumped to wake the p2p thread */
   atomic_int doorbell_sleeping;
+  atomic_int destroyed; /* set before the rank lets go of its liveness lock */
 } shm_rank_ctrl_t;
 
 typedef struct shm_ring {
@@ -56,6 +61,11 @@ typedef struct shm_state {
   uint64_t stage; /* last barrier stage passed; identical on every rank */
   size_t window;
   size_t small_bytes; /* reductions up to this size go one-shot */
+  /* Liveness (see shm_liveness.c): this rank holds a lock on byte `rank`
+   * of the segment's file for as long as it lives; the kernel drops it
+   * when the process dies, however it dies. */
+  int lock_fd;
+  atomic_llong *peer_checked_ns; /* [size] last liveness check of each peer */
   /* Per-collective scratch, `size` entries each; only the thread running
    * the collective queue (one at a time) touches it. */
   const void **srcs;
@@ -104,6 +114,19 @@ tcc_result_t tcc_shm_barrier(tcc_comm_t *comm, shm_state_t *st, int64_t deadline
 
 /* The parity the next stage writes. */
 static inline int shm_next_parity(const shm_state_t *st) { return (int)((st->stage + 1) & 1); }
+
+/* shm_liveness.c. Takes this rank's liveness lock on the segment `name`
+ * (before the rank counts itself attached, so every rank's lock is held
+ * once attachment completes). */
+tcc_result_t tcc_shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, const char *name, tcc_err_t *err);
+/* Marks this rank as having destroyed its communicator, then lets go of
+ * the lock. */
+void tcc_shm_liveness_stop(tcc_comm_t *comm, shm_state_t *st);
+/* TCC_OK while `peer` lives (checked at most every few hundred ms unless
+ * `now`), else TCC_ERR_REMOTE with a message naming `what` and the peer
+ * and saying whether it exited or destroyed its communicator. */
+tcc_result_t tcc_shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bool now,
+                                const char *what, tcc_err_t *err);
 
 tcc_result_t tcc_shm_run_collective(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq,
                                     int64_t deadline_ns, tcc_err_t *err);

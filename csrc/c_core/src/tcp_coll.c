@@ -273,8 +273,11 @@ tcc_result_t tcp_run_collective(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t 
   tcp_xfer_prefix(&x, pre, sizeof(pre));
   if (!links) return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
   tcc_result_t r = TCC_OK;
-  if (atomic_load(&comm->aborted))
-    r = tcc_err_set(err, TCC_ERR_ABORTED, "%s: communicator aborted", pre);
+  if (atomic_load(&comm->aborted)) {
+    pthread_mutex_lock(&comm->fail_lock);
+    r = tcc_err_set(err, TCC_ERR_ABORTED, "%s: not run: %.300s", pre, comm->fail_msg);
+    pthread_mutex_unlock(&comm->fail_lock);
+  }
   if (r == TCC_OK) r = exchange_descs(&x, c, deadline_ns, err);
   /* after the exchange, so all ranks (which agree on the root) fail alike */
   if (r == TCC_OK && has_root(c->kind) && (c->root < 0 || c->root >= st->n))

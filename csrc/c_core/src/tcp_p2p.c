@@ -42,6 +42,7 @@ tcp_state_t *tcp_state_new(int n, int me, tcc_err_t *err) {
     tcp_state_free(st);
     return NULL;
   }
+  tcc_fd_close_on_fork(st->wake_fd);
   return st;
 nomem:
   tcc_err_set(err, TCC_ERR_SYSTEM, "tcp: out of memory");
@@ -52,10 +53,10 @@ nomem:
 void tcp_state_free(tcp_state_t *st) {
   if (!st) return;
   for (int j = 0; j < st->n; j++) {
-    if (st->coll_fd && st->coll_fd[j] >= 0) close(st->coll_fd[j]);
-    if (st->p2p_fd && st->p2p_fd[j] >= 0) close(st->p2p_fd[j]);
+    if (st->coll_fd && st->coll_fd[j] >= 0) tcc_fd_close(st->coll_fd[j]);
+    if (st->p2p_fd && st->p2p_fd[j] >= 0) tcc_fd_close(st->p2p_fd[j]);
   }
-  if (st->wake_fd >= 0) close(st->wake_fd);
+  tcc_fd_close(st->wake_fd);
   free(st->coll_fd);
   free(st->p2p_fd);
   free(st->p2p_dead);
@@ -79,12 +80,13 @@ static ssize_t p2p_failed(tcc_comm_t *comm, int peer, const char *how, int errnu
                           tcc_err_t *err) {
   tcp_state_t *st = comm->transport_state;
   st->p2p_dead[peer] = true; /* stop polling it: it would wake p2p_wait forever */
-  if (errnum)
+  if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
+    tcc_err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: rank %d is gone: its "
+                "connection %s (the process exited, or destroyed its communicator)", comm->name,
+                comm->rank, peer, errnum ? "was reset" : "closed");
+  else
     tcc_err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: %s rank %d "
                 "failed: %s", comm->name, comm->rank, how, peer, strerror(errnum));
-  else
-    tcc_err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: rank %d "
-                "closed its connection", comm->name, comm->rank, peer);
   return -1;
 }
 

@@ -58,6 +58,7 @@ tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep_o
   what = "getrandom";
   if (tcc_random_bytes(ep->blob.token, TCC_TOKEN_BYTES) != TCC_OK) goto sys_fail;
 
+  tcc_fd_close_on_fork(ep->listen_fd);
   ep->blob.magic = TCC_BLOB_MAGIC;
   ep->blob.pid = (uint32_t)getpid();
   ep->blob.port = ntohs(sa.sin_port);
@@ -77,7 +78,7 @@ sys_fail:
 
 void tcc_endpoint_close(tcc_endpoint_t *ep) {
   if (!ep) return;
-  if (ep->listen_fd >= 0) close(ep->listen_fd);
+  tcc_fd_close(ep->listen_fd);
   free(ep);
 }
 
@@ -175,6 +176,7 @@ static int move_msg(conn_t *c, bool sending, int *errnum) {
 
 static void conn_finish(mesh_t *m, conn_t *c) {
   chan_fds(m->st, c->chan)[c->peer] = c->fd;
+  tcc_fd_close_on_fork(c->fd);
   c->fd = -1;
   c->phase = C_DONE;
   m->connected++;
@@ -378,17 +380,17 @@ static void mesh_free(mesh_t *m) {
 tcc_result_t tcc_tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs,
                            tcc_err_t *err) {
   int n = comm->size, me = comm->rank;
-  int64_t deadline = tcc_now_ns() + (int64_t)atomic_load(&comm->timeout_ms) * 1000000;
+  int64_t deadline = tcc_deadline_after_ms(atomic_load(&comm->timeout_ms));
   for (int j = 0; j < n; j++)
     if (blobs[j].magic != TCC_BLOB_MAGIC) {
-      close(ep->listen_fd);
+      tcc_fd_close(ep->listen_fd);
       ep->listen_fd = -1;
       return tcc_err_set(err, TCC_ERR_INVALID, "tcp setup of communicator '%s' rank %d: "
                          "endpoint blob of rank %d is not valid", comm->name, me, j);
     }
   tcp_state_t *st = tcp_state_new(n, me, err);
   if (!st) {
-    close(ep->listen_fd);
+    tcc_fd_close(ep->listen_fd);
     ep->listen_fd = -1;
     return err ? err->code : TCC_ERR_SYSTEM;
   }
@@ -411,7 +413,7 @@ tcc_result_t tcc_tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_
     r = mesh_run(&m, deadline, err);
   }
   mesh_free(&m);
-  close(ep->listen_fd); /* no one else may connect from now on */
+  tcc_fd_close(ep->listen_fd); /* no one else may connect from now on */
   ep->listen_fd = -1;
   if (r != TCC_OK) {
     tcp_state_free(st);

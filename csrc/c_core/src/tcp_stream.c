@@ -155,12 +155,14 @@ static tcc_result_t peer_failed(const tcp_xfer_t *x, int peer, const char *how,
                                 int errnum, tcc_err_t *err) {
   char pre[160];
   tcp_xfer_prefix(x, pre, sizeof(pre));
-  if (errnum)
-    return tcc_err_set(err, TCC_ERR_REMOTE, "%s: %s rank %d failed during %s: %s", pre,
-                       how, peer, x->phase, strerror(errnum));
-  return tcc_err_set(err, TCC_ERR_REMOTE,
-                     "%s: rank %d closed its connection during %s (it failed or "
-                     "was destroyed)", pre, peer, x->phase);
+  /* A reset or an end of stream is how a peer's death shows over TCP. */
+  if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
+    return tcc_err_set(err, TCC_ERR_REMOTE,
+                       "%s: rank %d is gone: its connection %s during %s (the process exited, "
+                       "or destroyed its communicator)", pre, peer,
+                       errnum ? "was reset" : "closed", x->phase);
+  return tcc_err_set(err, TCC_ERR_REMOTE, "%s: %s rank %d failed during %s: %s", pre,
+                     how, peer, x->phase, strerror(errnum));
 }
 
 /* Moves what the socket to `peer` takes and gives now. */
@@ -231,8 +233,13 @@ static tcc_result_t fail_timeout(const tcp_xfer_t *x, tcc_err_t *err) {
 static tcc_result_t fail_aborted(const tcp_xfer_t *x, tcc_err_t *err) {
   char pre[160];
   tcp_xfer_prefix(x, pre, sizeof(pre));
-  return tcc_err_set(err, TCC_ERR_ABORTED, "%s: communicator aborted during %s", pre,
-                     x->phase);
+  /* The cause (abort, destroy, a failure elsewhere) is the communicator's. */
+  tcc_comm_t *comm = x->comm;
+  pthread_mutex_lock(&comm->fail_lock);
+  tcc_result_t r = tcc_err_set(err, TCC_ERR_ABORTED, "%s: interrupted during %s: %.300s", pre, x->phase,
+                               comm->fail_msg);
+  pthread_mutex_unlock(&comm->fail_lock);
+  return r;
 }
 
 tcc_result_t tcp_xfer_run(tcp_xfer_t *x, int64_t deadline_ns, tcc_err_t *err) {
@@ -265,7 +272,8 @@ tcc_result_t tcp_xfer_run(tcp_xfer_t *x, int64_t deadline_ns, tcc_err_t *err) {
       return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: internal error: %s stalled", pre,
                          x->phase);
     }
-    int64_t left_ms = (deadline_ns - now + 999999) / 1000000;
+    /* Rounded up without adding to deadline_ns, which may be INT64_MAX. */
+    int64_t left_ms = (deadline_ns - now - 1) / 1000000 + 1;
     int timeout = moved ? 0 : (int)(left_ms < TCP_WAIT_SLICE_MS ? left_ms : TCP_WAIT_SLICE_MS);
     int rc = poll(st->coll_pfd, (nfds_t)npfd, timeout);
     if (rc < 0 && errno != EINTR)

@@ -142,6 +142,14 @@ int64_t tcc_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+int64_t tcc_deadline_after_ms(int64_t timeout_ms) {
+  const int64_t now = tcc_now_ns();
+  if (timeout_ms <= 0) return now;
+  /* Compared before multiplying: neither the product nor the sum may overflow. */
+  if (timeout_ms > (INT64_MAX - now) / 1000000) return INT64_MAX;
+  return now + timeout_ms * 1000000;
+}
+
 /* No FUTEX_PRIVATE_FLAG: the word may be in memory shared between
  * processes, and private futexes only match waiters of one process. */
 void tcc_futex_wait(atomic_uint *word, unsigned expected, int64_t max_ns) {

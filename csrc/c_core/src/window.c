@@ -1,10 +1,12 @@
 /*
  * window.c - one-sided RMA windows over shared memory (see tccomm.h).
  *
- * One segment per window, created by rank 0 under a name made of 16 random
- * bytes, mode 0600, and unlinked as soon as every rank has mapped it (as the
- * transport's own segment in shm.c). Layout, identical on every rank because
- * each computes it from the same allgathered sizes:
+ * One segment per window, created by rank 0 under a name derived from 16
+ * random bytes, mode 0600, and unlinked as soon as every rank has mapped it
+ * (as the transport's own segment in shm.c; shm_segment.h). Layout,
+ * identical on every rank because each computes it from the same
+ * allgathered sizes; rank 0 also writes it into the header, and the other
+ * ranks accept the segment only when that matches their own:
  *
  *   header (4 KiB) | per-rank control: futex word, sleepers, n signal counters
  *                  | per-rank data buffers, each page aligned
@@ -27,10 +29,19 @@
 #include "internal.h"
 #include "shm_segment.h"
 
-#define WIN_HEADER_BYTES 4096
+#define WIN_HEADER_BYTES TCC_SEGMENT_HEAD_BYTES
 #define WIN_PAGE 4096
 /* Keeps the layout arithmetic far from overflow (64 TiB per rank). */
 #define WIN_MAX_BYTES ((uint64_t)1 << 46)
+
+/* The layout as rank 0 computed it. */
+typedef struct win_header {
+  tcc_segment_head_t seg; /* readiness, ranks attached, total size, secret */
+  uint32_t size;
+  uint64_t ctrl_stride;
+  uint64_t data_off; /* of rank 0's buffer; the others follow from the sizes */
+} win_header_t;
+_Static_assert(sizeof(win_header_t) <= WIN_HEADER_BYTES, "the header must fit the segment's first page");
 
 typedef struct win_ctrl {
   atomic_uint futex;  /* bumped by a signal when someone sleeps */
@@ -126,6 +137,42 @@ static void layout(tcc_window_t *win, const win_hello_t *hellos) {
   win->total = at;
 }
 
+static void write_header(const tcc_window_t *win, void *base) {
+  win_header_t *h = base;
+  h->size = (uint32_t)win->size;
+  h->ctrl_stride = win->ctrl_stride;
+  h->data_off = win->off[0];
+}
+
+/* The other ranks: rank 0's segment, accepted only when its header and size
+ * match the layout this rank computed from the same allgathered sizes. */
+static tcc_result_t open_segment(const tcc_window_t *win, const tcc_segment_id_t *id, int64_t deadline,
+                                 const char *who, void **base, tcc_err_t *err) {
+  size_t mapped = 0;
+  tcc_result_t r = tcc_segment_open(id, win->rank, win->size, deadline, who, base, &mapped, err);
+  if (r != TCC_OK) return r;
+  const win_header_t *h = *base;
+  const struct {
+    const char *what;
+    uint64_t got, want;
+  } fields[] = {
+      {"size", h->size, (uint64_t)win->size},
+      {"ctrl_stride", h->ctrl_stride, win->ctrl_stride},
+      {"data_off", h->data_off, win->off[0]},
+      {"total", h->seg.total_bytes, win->total},
+      {"segment size", mapped, win->total},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    if (fields[i].got == fields[i].want) continue;
+    munmap(*base, mapped);
+    *base = NULL;
+    return tcc_err_set(err, TCC_ERR_INVALID,
+                       "%s: the window segment's header is inconsistent: %s is %llu, expected %llu: not trusted", who,
+                       fields[i].what, (unsigned long long)fields[i].got, (unsigned long long)fields[i].want);
+  }
+  return TCC_OK;
+}
+
 tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_ms, tcc_window_t **out,
                                char *errbuf, size_t errlen) {
   tcc_err_t err = {TCC_OK, ""};
@@ -160,7 +207,7 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
   win->timeout_ms = timeout_ms;
   snprintf(win->name, sizeof win->name, "%s", comm->name);
 
-  const int64_t deadline = tcc_now_ns() + timeout_ms * 1000000LL;
+  const int64_t deadline = tcc_deadline_after_ms(timeout_ms);
   if (exchange_hellos(comm, bytes, timeout_ms, hellos, &err) != TCC_OK) goto fail;
   /* Checked after the exchange, on every rank alike: one rank's bad size
    * fails the creation everywhere at once instead of leaving peers waiting. */
@@ -179,27 +226,21 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
     }
   }
   layout(win, hellos);
-  char name[64];
+  tcc_segment_id_t id;
   char who[160];
-  tcc_segment_name("win-", hellos[0].token, name);
+  tcc_segment_id("win-", hellos[0].token, &id);
   snprintf(who, sizeof who, "tccomm window on '%s' (rank %d)", win->name, win->rank);
   void *base = NULL;
-  size_t mapped = win->total;
   if (win->rank == 0) {
-    if (tcc_segment_create(name, win->total, who, &base, &err) != TCC_OK) goto fail;
+    if (tcc_segment_create(&id, win->total, n, who, &base, &err) != TCC_OK) goto fail;
+    write_header(win, base);
     tcc_segment_publish(base); /* buffers and counters start zeroed: nothing else to lay out */
-  } else if (tcc_segment_open(name, deadline, who, &base, &mapped, &err) != TCC_OK) {
-    goto fail;
-  }
-  if (mapped != win->total) { /* every rank computed the layout from the same sizes */
-    munmap(base, mapped);
-    tcc_err_set(&err, TCC_ERR_INVALID, "%s: the window segment has %zu bytes, expected %zu", who, mapped,
-                win->total);
+  } else if (open_segment(win, &id, deadline, who, &base, &err) != TCC_OK) {
     goto fail;
   }
   win->base = base;
   int got = 0;
-  if (tcc_segment_attach(base, name, n, deadline, &got) != TCC_OK) {
+  if (tcc_segment_attach(base, id.name, n, deadline, &got) != TCC_OK) {
     tcc_err_set(&err, TCC_ERR_TIMEOUT, "%s: timed out after %lld ms: only %d of %d ranks mapped it", who,
                 (long long)timeout_ms, got, n);
     goto fail;
@@ -269,7 +310,7 @@ tcc_result_t tcc_window_wait_signal(tcc_window_t *win, int peer, int64_t timeout
   if (timeout_ms <= 0) timeout_ms = win->timeout_ms;
   win_ctrl_t *c = ctrl_of(win, win->rank);
   const uint64_t want = win->consumed[peer] + 1;
-  const int64_t deadline = tcc_now_ns() + timeout_ms * 1000000LL;
+  const int64_t deadline = tcc_deadline_after_ms(timeout_ms);
   for (int round = 0; atomic_load(&c->sig[peer]) < want; round++) {
     int64_t now = tcc_now_ns();
     if (now > deadline)

@@ -17,15 +17,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "internal.h" /* tcc_blob_t, to fake other hosts */
+#include "group.h"
 #include "tccomm.h"
-
-typedef struct rendezvous {
-  atomic_int published;
-  uint8_t blobs[8 * TCC_ENDPOINT_BLOB_SIZE];
-} rendezvous_t;
-
-typedef void (*rank_fn)(tcc_comm_t *comm);
 
 static tcc_result_t wait_op(tcc_result_t r, tcc_op_t *op, char *msg, size_t len) {
   if (r != TCC_OK) return r;
@@ -301,6 +294,51 @@ static void test_peer_leaves_early(tcc_comm_t *comm) {
   tcc_op_release(op);
 }
 
+/* Rank 0 receives from any source: one message from every other rank,
+ * each reported with its sender. At 2 ranks also the order rule: a
+ * message goes to the earliest-posted matching receive, so an any-source
+ * receive posted before a specific one takes the first message. */
+static void test_any_source(tcc_comm_t *comm) {
+  const int me = tcc_comm_rank(comm), n = tcc_comm_size(comm);
+  if (n < 2) return;
+  if (me != 0) {
+    int v = 1000 + me;
+    tcc_op_t *op;
+    CHECK(RUN(tcc_send(comm, host_buf(&v, 1, TCC_INT32), 0, 7, NULL, &op)) == TCC_OK, "send to any");
+  } else {
+    int seen = 0;
+    for (int k = 1; k < n; k++) {
+      int v = -1;
+      tcc_op_t *op;
+      CHECK(tcc_recv(comm, host_buf(&v, 1, TCC_INT32), TCC_ANY_SOURCE, 7, NULL, &op) == TCC_OK, "post");
+      CHECK(tcc_op_peer(op) == TCC_ANY_SOURCE || tcc_op_test(op), "peer known before completion");
+      CHECK(tcc_op_wait(op, -1) == TCC_OK, "recv from any: %s", tcc_op_error(op));
+      int src = tcc_op_peer(op);
+      CHECK(src >= 1 && src < n && v == 1000 + src, "recv from any: got %d from rank %d", v, src);
+      if (src >= 1 && src < n) seen |= 1 << src;
+      tcc_op_release(op);
+    }
+    CHECK(seen == ((1 << n) - 2), "senders seen: %#x", seen);
+  }
+  if (n != 2) return;
+  int a = -1, b = -1, v1 = 1, v2 = 2;
+  tcc_op_t *any, *mine, *s1, *s2;
+  if (me == 0) {
+    CHECK(tcc_recv(comm, host_buf(&a, 1, TCC_INT32), TCC_ANY_SOURCE, 8, NULL, &any) == TCC_OK, "post any");
+    CHECK(tcc_recv(comm, host_buf(&b, 1, TCC_INT32), 1, 8, NULL, &mine) == TCC_OK, "post specific");
+    CHECK(tcc_op_wait(any, -1) == TCC_OK && tcc_op_wait(mine, -1) == TCC_OK, "recvs");
+    CHECK(a == 1 && b == 2 && tcc_op_peer(any) == 1, "order: any got %d, specific got %d", a, b);
+    tcc_op_release(any);
+    tcc_op_release(mine);
+  } else {
+    CHECK(tcc_send(comm, host_buf(&v1, 1, TCC_INT32), 0, 8, NULL, &s1) == TCC_OK, "send 1");
+    CHECK(tcc_send(comm, host_buf(&v2, 1, TCC_INT32), 0, 8, NULL, &s2) == TCC_OK, "send 2");
+    CHECK(tcc_op_wait(s1, -1) == TCC_OK && tcc_op_wait(s2, -1) == TCC_OK, "sends");
+    tcc_op_release(s1);
+    tcc_op_release(s2);
+  }
+}
+
 static void all_tests(tcc_comm_t *comm) {
   test_unwaited_collective(comm);
   test_allreduce(comm);
@@ -308,6 +346,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_gathers(comm);
   test_alltoall(comm);
   test_p2p(comm);
+  test_any_source(comm);
   test_mismatch(comm);
   /* Again while the engine is busy (it polls rather than being woken). */
   test_unwaited_collective(comm);
@@ -336,68 +375,6 @@ static void timeout_test(tcc_comm_t *comm) {
   CHECK(strstr(msg, "[timeout 500 ms]"), "message without the op's timeout: %s", msg);
   CHECK(secs > 0.4 && secs < 5, "timed out after %.2f s", secs);
   CHECK(tcc_comm_status(comm) == TCC_ERR_TIMEOUT, "comm status after timeout");
-}
-
-/* How a group is set up:
- *   "shm", "tcp"     that transport, forced;
- *   "auto"           chosen from the endpoints (all on this host: shm);
- *   "auto-hosts"     chosen, with every rank claiming its own host name (tcp);
- *   "shm-hosts"      shm forced across "hosts": creation must fail. */
-static int run_group(int n, const char *spec, int64_t timeout_ms, const char *name, rank_fn fn) {
-  rendezvous_t *rv = mmap(NULL, sizeof *rv, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  const int fake_hosts = strstr(spec, "-hosts") != NULL;
-  const tcc_transport_t transport = strncmp(spec, "auto", 4) == 0 ? TCC_TRANSPORT_AUTO
-                                    : strncmp(spec, "tcp", 3) == 0 ? TCC_TRANSPORT_TCP
-                                                                   : TCC_TRANSPORT_SHM;
-  const char *expected = transport == TCC_TRANSPORT_TCP || fake_hosts ? "tcp" : "shm";
-  pid_t pids[8];
-  for (int r = 0; r < n; r++) {
-    pids[r] = fork();
-    if (pids[r] != 0) continue;
-    tcc_endpoint_t *ep;
-    uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
-    char err[512];
-    if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) {
-      fprintf(stderr, "endpoint: %s\n", err);
-      _exit(2);
-    }
-    if (fake_hosts) {
-      tcc_blob_t b;
-      memcpy(&b, blob, sizeof b);
-      snprintf(b.hostname, sizeof b.hostname, "test-host-%d", r);
-      memcpy(blob, &b, sizeof b);
-    }
-    memcpy(rv->blobs + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, blob, sizeof blob);
-    atomic_fetch_add(&rv->published, 1);
-    while (atomic_load(&rv->published) < n) usleep(1000);
-    tcc_comm_config_t cfg = {r, n, timeout_ms, name, transport};
-    tcc_comm_t *comm;
-    tcc_result_t created = tcc_comm_create(&cfg, ep, rv->blobs, &comm, err, sizeof err);
-    if (strcmp(spec, "shm-hosts") == 0) {
-      CHECK(created == TCC_ERR_INVALID && strstr(err, "different hosts"), "shm across hosts: %s", err);
-      _exit(check_failures ? 1 : 0);
-    }
-    if (created != TCC_OK) {
-      fprintf(stderr, "rank %d create: %s\n", r, err);
-      _exit(2);
-    }
-    CHECK(strcmp(tcc_comm_transport_name(comm), expected) == 0, "%s: transport %s, expected %s", spec,
-          tcc_comm_transport_name(comm), expected);
-    if (fn) fn(comm);
-    tcc_comm_destroy(comm);
-    _exit(check_failures ? 1 : 0);
-  }
-  int failed = 0;
-  for (int r = 0; r < n; r++) {
-    int status;
-    waitpid(pids[r], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      failed = 1;
-      if (WIFSIGNALED(status)) fprintf(stderr, "rank %d died of signal %d\n", r, WTERMSIG(status));
-    }
-  }
-  munmap(rv, sizeof *rv);
-  return failed;
 }
 
 int main(int argc, char **argv) {

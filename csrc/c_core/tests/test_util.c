@@ -34,6 +34,21 @@ static void test_clock(void) {
   CHECK(a > 0 && b >= a, "monotonic: %lld then %lld", (long long)a, (long long)b);
 }
 
+static void test_deadline(void) {
+  const int64_t before = tcc_now_ns();
+  const int64_t d = tcc_deadline_after_ms(250);
+  CHECK(d >= before + 250 * 1000000LL && d <= tcc_now_ns() + 250 * 1000000LL, "250 ms: %lld", (long long)(d - before));
+  /* Huge timeouts saturate instead of wrapping into the past. */
+  CHECK(tcc_deadline_after_ms(INT64_MAX) == INT64_MAX, "INT64_MAX ms");
+  CHECK(tcc_deadline_after_ms(INT64_MAX / 1000) == INT64_MAX, "INT64_MAX/1000 ms");
+  const int64_t year_ms = 365LL * 24 * 3600 * 1000;
+  CHECK(tcc_deadline_after_ms(200 * year_ms) > tcc_now_ns() + 100 * year_ms * 1000000, "200 years");
+  /* A negative timeout is "now", never a deadline in the past. */
+  const int64_t now = tcc_now_ns();
+  const int64_t neg = tcc_deadline_after_ms(-5);
+  CHECK(neg >= now && neg <= tcc_now_ns(), "negative: %lld", (long long)(neg - now));
+}
+
 static atomic_uint futex_word;
 
 static void *wake_later(void *arg) {
@@ -101,6 +116,7 @@ static void test_host_identity(void) {
 int main(void) {
   test_err_set();
   test_clock();
+  test_deadline();
   test_futex();
   test_random();
   test_host_identity();

@@ -1,0 +1,93 @@
+/*
+ * group.h - runs a function on every rank of a real multi-process group
+ * forked from the test process; ranks swap endpoint blobs through an
+ * anonymous shared mapping made before the fork. Include check.h first.
+ */
+#ifndef TCC_TESTS_GROUP_H
+#define TCC_TESTS_GROUP_H
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h" /* tcc_blob_t, to fake other hosts */
+#include "tccomm.h"
+
+typedef struct rendezvous {
+  atomic_int published;
+  uint8_t blobs[8 * TCC_ENDPOINT_BLOB_SIZE];
+} rendezvous_t;
+
+typedef void (*rank_fn)(tcc_comm_t *comm);
+
+typedef void (*rank_fn)(tcc_comm_t *comm);
+
+/* Set by a rank function that destroyed the communicator itself. */
+static int group_comm_destroyed;
+
+/* How a group is set up:
+ *   "shm", "tcp"     that transport, forced;
+ *   "auto"           chosen from the endpoints (all on this host: shm);
+ *   "auto-hosts"     chosen, with every rank claiming its own host name (tcp);
+ *   "shm-hosts"      shm forced across "hosts": creation must fail. */
+static int __attribute__((unused)) run_group(int n, const char *spec, int64_t timeout_ms, const char *name, rank_fn fn) {
+  rendezvous_t *rv = mmap(NULL, sizeof *rv, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  const int fake_hosts = strstr(spec, "-hosts") != NULL;
+  const tcc_transport_t transport = strncmp(spec, "auto", 4) == 0 ? TCC_TRANSPORT_AUTO
+                                    : strncmp(spec, "tcp", 3) == 0 ? TCC_TRANSPORT_TCP
+                                                                   : TCC_TRANSPORT_SHM;
+  const char *expected = transport == TCC_TRANSPORT_TCP || fake_hosts ? "tcp" : "shm";
+  pid_t pids[8];
+  for (int r = 0; r < n; r++) {
+    pids[r] = fork();
+    if (pids[r] != 0) continue;
+    tcc_endpoint_t *ep;
+    uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
+    char err[512];
+    if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) {
+      fprintf(stderr, "endpoint: %s\n", err);
+      _exit(2);
+    }
+    if (fake_hosts) {
+      tcc_blob_t b;
+      memcpy(&b, blob, sizeof b);
+      snprintf(b.hostname, sizeof b.hostname, "test-host-%d", r);
+      memcpy(blob, &b, sizeof b);
+    }
+    memcpy(rv->blobs + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, blob, sizeof blob);
+    atomic_fetch_add(&rv->published, 1);
+    while (atomic_load(&rv->published) < n) usleep(1000);
+    tcc_comm_config_t cfg = {r, n, timeout_ms, name, transport};
+    tcc_comm_t *comm;
+    tcc_result_t created = tcc_comm_create(&cfg, ep, rv->blobs, &comm, err, sizeof err);
+    if (strcmp(spec, "shm-hosts") == 0) {
+      CHECK(created == TCC_ERR_INVALID && strstr(err, "different hosts"), "shm across hosts: %s", err);
+      _exit(check_failures ? 1 : 0);
+    }
+    if (created != TCC_OK) {
+      fprintf(stderr, "rank %d create: %s\n", r, err);
+      _exit(2);
+    }
+    CHECK(strcmp(tcc_comm_transport_name(comm), expected) == 0, "%s: transport %s, expected %s", spec,
+          tcc_comm_transport_name(comm), expected);
+    if (fn) fn(comm);
+    if (!group_comm_destroyed) tcc_comm_destroy(comm);
+    _exit(check_failures ? 1 : 0);
+  }
+  int failed = 0;
+  for (int r = 0; r < n; r++) {
+    int status;
+    waitpid(pids[r], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      failed = 1;
+      if (WIFSIGNALED(status)) fprintf(stderr, "rank %d died of signal %d\n", r, WTERMSIG(status));
+    }
+  }
+  munmap(rv, sizeof *rv);
+  return failed;
+}
+
+#endif /* TCC_TESTS_GROUP_H */

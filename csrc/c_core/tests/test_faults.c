@@ -1,0 +1,170 @@
+/*
+ * test_faults.c - what happens off the happy path, in real multi-process
+ * groups over shared memory and TCP:
+ *   - a peer that exits without destroying is noticed within a second;
+ *   - a forked child (which keeps none of the parent's descriptors) does
+ *     not hide its parent's death;
+ *   - destroy and abort from another thread release a thread blocked in
+ *     tcc_op_wait (even one running the queue) within a second, and op
+ *     handles stay usable after destroy;
+ *   - a bounded wait returns after its bound and the op still completes.
+ *
+ * Usage: test_faults [shm|tcp]   (default: both)
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "group.h"
+
+/* Sanitizers slow everything down (and exits most): their runs set
+ * TCC_TEST_SLOW and get a wider bound. */
+static double within_s(double s) { return getenv("TCC_TEST_SLOW") ? 5 * s : s; }
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static tcc_buf_t f32(float *p, size_t n) { return (tcc_buf_t){p, n, TCC_FLOAT32, -1, NULL}; }
+
+static tcc_result_t allreduce_wait(tcc_comm_t *comm, float *x, size_t n, char *msg, size_t len) {
+  tcc_op_t *op;
+  tcc_result_t r = tcc_allreduce(comm, f32(x, n), f32(x, n), TCC_SUM, NULL, &op);
+  if (r != TCC_OK) {
+    snprintf(msg, len, "%s", tcc_comm_last_error(comm));
+    return r;
+  }
+  r = tcc_op_wait(op, -1);
+  snprintf(msg, len, "%s", tcc_op_error(op));
+  tcc_op_release(op);
+  return r;
+}
+
+/* Rank 1 leaves the process after one allreduce (no destroy); rank 0's
+ * next allreduce must fail within a second naming it. With `forked`, rank
+ * 1 first forks a child that outlives it by seconds. */
+static void peer_exits(tcc_comm_t *comm, int forked) {
+  float x[1000];
+  char msg[512];
+  for (int i = 0; i < 1000; i++) x[i] = 1;
+  CHECK(allreduce_wait(comm, x, 1000, msg, sizeof msg) == TCC_OK, "first allreduce: %s", msg);
+  if (tcc_comm_rank(comm) == 1) {
+    if (forked && fork() == 0) {
+      sleep(4); /* a DataLoader worker, say: alive long after its parent */
+      _exit(0);
+    }
+    _exit(check_failures ? 1 : 0);
+  }
+  double t0 = now_s();
+  tcc_result_t r = allreduce_wait(comm, x, 1000, msg, sizeof msg);
+  double dt = now_s() - t0;
+  CHECK(r == TCC_ERR_REMOTE, "allreduce after rank 1 exited gave %s: %s", tcc_result_string(r), msg);
+  CHECK(dt < within_s(1.0), "the exit of rank 1 was noticed after %.2f s", dt);
+  CHECK(strstr(msg, "allreduce") && strstr(msg, "rank 1") && strstr(msg, "exited") &&
+            strstr(msg, "faults-group"),
+        "message: %s", msg);
+}
+
+static void peer_exits_plain(tcc_comm_t *comm) { peer_exits(comm, 0); }
+static void peer_exits_after_fork(tcc_comm_t *comm) { peer_exits(comm, 1); }
+
+typedef struct waiter {
+  tcc_op_t *op;
+  int64_t timeout_ms;
+  tcc_result_t result;
+  double returned_at;
+} waiter_t;
+
+static void *wait_thread(void *arg) {
+  waiter_t *w = arg;
+  w->result = tcc_op_wait(w->op, w->timeout_ms);
+  w->returned_at = now_s();
+  return NULL;
+}
+
+/* Rank 1 stays away from the allreduce; rank 0 waits for it in a thread
+ * (which runs the queue itself) and ends it from the main thread. */
+static void end_from_other_thread(tcc_comm_t *comm, int destroy) {
+  if (tcc_comm_rank(comm) == 1) {
+    sleep(2);
+    return;
+  }
+  float x = 1;
+  waiter_t w = {.timeout_ms = -1};
+  CHECK(tcc_allreduce(comm, f32(&x, 1), f32(&x, 1), TCC_SUM, NULL, &w.op) == TCC_OK, "issue");
+  pthread_t t;
+  pthread_create(&t, NULL, wait_thread, &w);
+  usleep(200 * 1000);
+  double t0 = now_s();
+  if (destroy) {
+    tcc_comm_destroy(comm);
+    group_comm_destroyed = 1;
+  } else {
+    tcc_comm_abort(comm);
+  }
+  pthread_join(t, NULL);
+  double dt = w.returned_at - t0;
+  CHECK(w.result == TCC_ERR_ABORTED, "waiter got %s: %s", tcc_result_string(w.result), tcc_op_error(w.op));
+  CHECK(dt < within_s(1.0), "the waiter returned %.2f s after %s", dt, destroy ? "destroy" : "abort");
+  CHECK(strstr(tcc_op_error(w.op), destroy ? "destroyed" : "aborted"), "message: %s", tcc_op_error(w.op));
+  /* The handle outlives the communicator. */
+  CHECK(tcc_op_test(w.op) == 1 && tcc_op_wait(w.op, 0) == TCC_ERR_ABORTED, "op after the end");
+  tcc_op_release(w.op);
+}
+
+static void destroy_from_other_thread(tcc_comm_t *comm) { end_from_other_thread(comm, 1); }
+static void abort_from_other_thread(tcc_comm_t *comm) { end_from_other_thread(comm, 0); }
+
+/* A bounded wait returns after its bound while the peer is late; the op
+ * keeps going and completes when the peer arrives. */
+static void bounded_wait(tcc_comm_t *comm) {
+  float x = (float)(tcc_comm_rank(comm) + 1);
+  tcc_op_t *op;
+  if (tcc_comm_rank(comm) == 1) usleep(800 * 1000);
+  CHECK(tcc_allreduce(comm, f32(&x, 1), f32(&x, 1), TCC_SUM, NULL, &op) == TCC_OK, "issue");
+  if (tcc_comm_rank(comm) == 0) {
+    double t0 = now_s();
+    tcc_result_t r = tcc_op_wait(op, 300);
+    double dt = now_s() - t0;
+    CHECK(r == TCC_ERR_INPROGRESS, "bounded wait gave %s", tcc_result_string(r));
+    CHECK(dt > 0.25 && dt < within_s(0.6), "bounded wait of 300 ms returned after %.2f s", dt);
+  }
+  CHECK(tcc_op_wait(op, -1) == TCC_OK, "the op after the bounded wait: %s", tcc_op_error(op));
+  CHECK(x == 3.0f, "allreduce gave %g", (double)x);
+  tcc_op_release(op);
+}
+
+int main(int argc, char **argv) {
+  const char *transports[] = {"shm", "tcp"};
+  struct {
+    const char *name;
+    rank_fn fn;
+  } cases[] = {
+      {"peer exits", peer_exits_plain},
+      {"peer exits, its forked child lives on", peer_exits_after_fork},
+      {"destroy from another thread", destroy_from_other_thread},
+      {"abort from another thread", abort_from_other_thread},
+      {"bounded wait", bounded_wait},
+  };
+  alarm(300); /* a hang fails the test instead of blocking CI */
+  signal(SIGCHLD, SIG_DFL);
+  int passed = 0, failed = 0;
+  for (int t = 0; t < 2; t++) {
+    if (argc > 1 && strcmp(argv[1], transports[t]) != 0) continue;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+      /* group timeout 30 s: anything noticed within a second was not a timeout */
+      int bad = run_group(2, transports[t], 30000, "faults-group", cases[c].fn);
+      printf("%s %s %s\n", bad ? "FAIL" : "ok  ", transports[t], cases[c].name);
+      bad ? failed++ : passed++;
+    }
+  }
+  printf("test_faults: %d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
