@@ -189,6 +189,7 @@ TccBackend::TccBackend(
     : c10d::Backend(rank, size),
       comm_(comm),
       options_(c10::make_intrusive<Options>("tccomm", timeout)),
+      groupName_(name),
       advertiseAddr_(std::move(advertiseAddr)),
       transport_(transport) {
   options_->group_name = name;
@@ -205,6 +206,7 @@ c10::intrusive_ptr<c10d::Backend> TccBackend::split(
     const std::vector<int>& ranks,
     const c10::intrusive_ptr<Options>& opts) {
   const char* op = "split";
+  const ErrorScope scope(groupName_, rank_);
   TCC_CHECK(!ranks.empty(), op, "the list of ranks is empty");
   std::vector<bool> seen(size_, false);
   for (int r : ranks) {
@@ -449,6 +451,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::broadcast(
     std::vector<at::Tensor>& tensors,
     const c10d::BroadcastOptions& opts) {
   const char* op = "broadcast";
+  const ErrorScope scope(groupName_, rank_);
   at::Tensor& tensor = singleTensor(op, tensors, "input");
   const int root = checkRank(op, "root", opts.rootRank, size_);
   TCC_CHECK(opts.rootTensor == 0, op, "rootTensor must be 0, got ", opts.rootTensor);
@@ -464,6 +467,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allreduce(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";
+  const ErrorScope scope(groupName_, rank_);
   at::Tensor& tensor = singleTensor(op, tensors, "input");
   TCC_CHECK(!opts.sparseIndices.has_value(), op, "sparse allreduce is not supported");
   const Reduction red = toReduction(op, opts.reduceOp, tensor.scalar_type());
@@ -480,6 +484,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceCoalescedOptions& opts) {
   const char* op = "allreduce_coalesced";
+  const ErrorScope scope(groupName_, rank_);
   TCC_CHECK(!tensors.empty(), op, "no tensors given");
   std::vector<Step> steps;
   // Each tensor is its own core op: dtypes may differ between tensors.
@@ -501,6 +506,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::reduce(
     std::vector<at::Tensor>& tensors,
     const c10d::ReduceOptions& opts) {
   const char* op = "reduce";
+  const ErrorScope scope(groupName_, rank_);
   at::Tensor& tensor = singleTensor(op, tensors, "input");
   const int root = checkRank(op, "root", opts.rootRank, size_);
   TCC_CHECK(opts.rootTensor == 0, op, "rootTensor must be 0, got ", opts.rootTensor);
@@ -519,6 +525,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allgather(
     std::vector<at::Tensor>& inputTensors,
     const c10d::AllgatherOptions& opts) {
   const char* op = "allgather";
+  const ErrorScope scope(groupName_, rank_);
   at::Tensor& input = singleTensor(op, inputTensors, "input");
   TCC_CHECK(
       outputTensors.size() == 1,
@@ -571,6 +578,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::_allgather_base(
     at::Tensor& inputBuffer,
     const c10d::AllgatherOptions& opts) {
   const char* op = "_allgather_base";
+  const ErrorScope scope(groupName_, rank_);
   return runOne(op, OpType::_ALLGATHER_BASE, opts.timeout, allgatherIntoTensor(op, outputBuffer, inputBuffer), {outputBuffer}, {inputBuffer});
 }
 
@@ -580,6 +588,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allgather_coalesced(
     const c10d::AllgatherOptions& opts) {
   // outputTensorLists[q][k] receives input k of rank q (as in gloo).
   const char* op = "allgather_coalesced";
+  const ErrorScope scope(groupName_, rank_);
   TCC_CHECK(!inputTensors.empty(), op, "no tensors given");
   TCC_CHECK(
       outputTensorLists.size() == static_cast<size_t>(size_),
@@ -643,6 +652,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const char* op = "allgather_into_tensor_coalesced";
+  const ErrorScope scope(groupName_, rank_);
   TCC_CHECK(!inputs.empty(), op, "no tensors given");
   TCC_CHECK(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ", inputs.size(), " inputs");
   std::vector<Step> steps;
@@ -659,6 +669,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::gather(
     std::vector<at::Tensor>& inputTensors,
     const c10d::GatherOptions& opts) {
   const char* op = "gather";
+  const ErrorScope scope(groupName_, rank_);
   at::Tensor& input = singleTensor(op, inputTensors, "input");
   const int root = checkRank(op, "root", opts.rootRank, size_);
   const bool isRoot = rank_ == root;
@@ -687,6 +698,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::gather_into_tensor(
     at::Tensor& inputBuffer,
     const c10d::GatherOptions& opts) {
   const char* op = "gather_into_tensor";
+  const ErrorScope scope(groupName_, rank_);
   checkTensor(op, inputBuffer, "input");
   const int root = checkRank(op, "root", opts.rootRank, size_);
   const bool isRoot = rank_ == root;
@@ -722,6 +734,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::scatter(
     std::vector<std::vector<at::Tensor>>& inputTensors,
     const c10d::ScatterOptions& opts) {
   const char* op = "scatter";
+  const ErrorScope scope(groupName_, rank_);
   at::Tensor& output = singleTensor(op, outputTensors, "output");
   const int root = checkRank(op, "root", opts.rootRank, size_);
   const bool isRoot = rank_ == root;
@@ -749,6 +762,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::reduce_scatter(
     std::vector<std::vector<at::Tensor>>& inputTensors,
     const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter";
+  const ErrorScope scope(groupName_, rank_);
   at::Tensor& output = singleTensor(op, outputTensors, "output");
   TCC_CHECK(
       inputTensors.size() == 1,
@@ -808,6 +822,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::_reduce_scatter_base(
     at::Tensor& inputBuffer,
     const c10d::ReduceScatterOptions& opts) {
   const char* op = "_reduce_scatter_base";
+  const ErrorScope scope(groupName_, rank_);
   checkTensor(op, outputBuffer, "output");
   const Reduction red = toReduction(op, opts.reduceOp, outputBuffer.scalar_type());
   return runOne(op, OpType::_REDUCE_SCATTER_BASE, opts.timeout, reduceScatterTensor(op, outputBuffer, inputBuffer, red), {outputBuffer}, {inputBuffer});
@@ -818,6 +833,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter_tensor_coalesced";
+  const ErrorScope scope(groupName_, rank_);
   TCC_CHECK(!outputs.empty(), op, "no tensors given");
   TCC_CHECK(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ", inputs.size(), " inputs");
   std::vector<Step> steps;
@@ -837,6 +853,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::alltoall_base(
     std::vector<int64_t>& inputSplitSizes,
     const c10d::AllToAllOptions& opts) {
   const char* op = "alltoall_base";
+  const ErrorScope scope(groupName_, rank_);
   checkTensor(op, inputBuffer, "input");
   checkTensorLike(op, outputBuffer, inputBuffer, "output");
   const size_t row = rowElements(op, inputBuffer, "input");
@@ -865,6 +882,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::alltoall(
     std::vector<at::Tensor>& inputTensors,
     const c10d::AllToAllOptions& opts) {
   const char* op = "alltoall";
+  const ErrorScope scope(groupName_, rank_);
   const auto n = static_cast<size_t>(size_);
   TCC_CHECK(
       inputTensors.size() == n,
@@ -899,6 +917,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::alltoall(
 
 c10::intrusive_ptr<c10d::Work> TccBackend::barrier(const c10d::BarrierOptions& opts) {
   const char* op = "barrier";
+  const ErrorScope scope(groupName_, rank_);
   Step step(op);
   step.call = [](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) { return tcc_barrier(c, o, h); };
   return runOne(op, OpType::BARRIER, opts.timeout, std::move(step), {}, {});
@@ -908,6 +927,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::barrier(const c10d::BarrierOptions& o
 
 c10::intrusive_ptr<c10d::Work> TccBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   const char* op = "send";
+  const ErrorScope scope(groupName_, rank_);
   at::Tensor& tensor = singleTensor(op, tensors, "input");
   const int peer = checkRank(op, "destination", dstRank, size_);
   TCC_CHECK(peer != rank_, op, "rank ", rank_, " cannot send to itself");
@@ -921,6 +941,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::send(std::vector<at::Tensor>& tensors
 
 c10::intrusive_ptr<c10d::Work> TccBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   const char* op = "recv";
+  const ErrorScope scope(groupName_, rank_);
   at::Tensor& tensor = singleTensor(op, tensors, "output");
   const int peer = checkRank(op, "source", srcRank, size_);
   TCC_CHECK(peer != rank_, op, "rank ", rank_, " cannot receive from itself");
@@ -934,6 +955,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::recv(std::vector<at::Tensor>& tensors
 
 c10::intrusive_ptr<c10d::Work> TccBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   const char* op = "recv";
+  const ErrorScope scope(groupName_, rank_);
   at::Tensor& tensor = singleTensor(op, tensors, "output");
   Step step(op);
   const tcc_buf_t buf = step.buffers.output(tensor);

@@ -152,6 +152,11 @@ class TccBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
 
+  // Makes argument errors raised on this thread name the group and rank.
+  ErrorScope errorScope() const {
+    return ErrorScope(groupName_, rank_);
+  }
+
  private:
   // Issues one core op on the communicator.
   using CoreCall = std::function<tcc_result_t(tcc_comm_t*, const tcc_op_opts_t*, tcc_op_t**)>;
@@ -198,6 +203,7 @@ class TccBackend final : public c10d::Backend {
   std::vector<at::Tensor> coalescedOutputs_;
   std::vector<at::Tensor> coalescedInputs_;
   c10::intrusive_ptr<Options> options_;
+  const std::string groupName_; // as the core names the communicator
   const std::string advertiseAddr_;
   const tcc_transport_t transport_;
 };

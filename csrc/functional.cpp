@@ -300,6 +300,7 @@ void kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::
     return;
   }
   fastPathCalls.fetch_add(1, std::memory_order_relaxed);
+  const auto scope = static_cast<const TccBackend&>(*backend).errorScope();
   c10::IValue result = kOps[kIndex].handler(kOps[kIndex].name, *backend, torch::jit::last(*stack, info.numArgs));
   torch::jit::drop(*stack, info.numArgs);
   torch::jit::push(*stack, std::move(result));

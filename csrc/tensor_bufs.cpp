@@ -8,6 +8,28 @@
 
 namespace tccomm {
 
+namespace {
+thread_local const std::string* scopeGroup = nullptr;
+thread_local int scopeRank = -1;
+} // namespace
+
+ErrorScope::ErrorScope(const std::string& group, int rank) : outerGroup_(scopeGroup), outerRank_(scopeRank) {
+  scopeGroup = &group;
+  scopeRank = rank;
+}
+
+ErrorScope::~ErrorScope() {
+  scopeGroup = outerGroup_;
+  scopeRank = outerRank_;
+}
+
+std::string errorPrefix(const char* op) {
+  if (scopeGroup == nullptr) {
+    return c10::str("tccomm: ", op, ": ");
+  }
+  return c10::str("tccomm ", op, " on '", *scopeGroup, "' (rank ", scopeRank, "): ");
+}
+
 tcc_dtype_t toTccDtype(const char* op, at::ScalarType type) {
   switch (type) {
     case at::kFloat:

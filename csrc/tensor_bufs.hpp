@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,8 +17,27 @@
 
 namespace tccomm {
 
-// Throws c10::Error (Python: RuntimeError) "tccomm: <op>: <message>".
-#define TCC_CHECK(cond, op, ...) TORCH_CHECK(cond, "tccomm: ", op, ": ", __VA_ARGS__)
+// While one lives on a thread, argument errors raised there name the group
+// and this rank, as the core's own errors do. A backend call opens one
+// first thing: the checks below run deep inside it and know neither.
+class ErrorScope {
+ public:
+  ErrorScope(const std::string& group, int rank);
+  ~ErrorScope();
+  ErrorScope(const ErrorScope&) = delete;
+  ErrorScope& operator=(const ErrorScope&) = delete;
+
+ private:
+  const std::string* outerGroup_;
+  int outerRank_;
+};
+
+// "tccomm <op> on '<group>' (rank <r>): " inside an ErrorScope, else "tccomm: <op>: ".
+std::string errorPrefix(const char* op);
+
+// Throws c10::Error (Python: RuntimeError) "<errorPrefix(op)><message>";
+// the message is only built when the check fails.
+#define TCC_CHECK(cond, op, ...) TORCH_CHECK(cond, ::tccomm::errorPrefix(op), __VA_ARGS__)
 
 // The core's dtype for a torch dtype; throws for anything tccomm cannot move.
 tcc_dtype_t toTccDtype(const char* op, at::ScalarType type);

@@ -168,8 +168,13 @@ def _failed_everywhere(msg):
 GAP_CASE = ("w2-shm-env", "bad-broadcast_rank_out_of_range_W")
 
 
-def test_message_gap_is_the_expected_failure():
-    assert _cases.REGISTRY[GAP_CASE[1]].msg_gap == _cases.NO_GROUP_NO_RANK
+@pytest.fixture
+def gap_case(monkeypatch):
+    """GAP_CASE marked as a known message gap (no case needs one today)."""
+    monkeypatch.setattr(_cases.REGISTRY[GAP_CASE[1]], "msg_gap", _cases.NO_GROUP_NO_RANK)
+
+
+def test_message_gap_is_the_expected_failure(gap_case):
     phrase = _cases.missing_parts_phrase(_cases.NO_GROUP_NO_RANK)
     with pytest.raises(MessageGap):
         check_case(_Cached(_failed_everywhere(f"broadcast: {phrase}...): 'msg'")), GAP_CASE)
@@ -180,7 +185,7 @@ def test_message_gap_is_the_expected_failure():
     "other failure",    # the case broke some other way
     "one rank only",    # the other rank passed
 ])
-def test_other_failures_of_a_gap_case_stay_failures(why):
+def test_other_failures_of_a_gap_case_stay_failures(why, gap_case):
     phrase = _cases.missing_parts_phrase(_cases.NO_GROUP_NO_RANK)
     res = {"half fixed": _failed_everywhere(f"x: {_cases.missing_parts_phrase('the rank')}"),
            "other failure": _failed_everywhere("the group is not usable after the error"),
