@@ -8,6 +8,8 @@ world of its own (2 ranks started with subprocess, env:// rendezvous):
 - ranks started with different TCCOMM_SHM_SMALL_BYTES and
   TCCOMM_SHM_WINDOW_BYTES all_reduce sizes around those thresholds exactly
   like a reference computed with plain torch (rank 0's values win);
+- two ranks of one host whose /dev/shm differ (one in a mount namespace of
+  its own) agree on TCP instead of waiting for a segment that never appears;
 - huge group timeouts (timedelta.max, timedelta(days=10**6)) mean "no
   timeout" for init_process_group and new_group instead of overflowing.
 """
@@ -66,6 +68,12 @@ RANK_SCRIPT = textwrap.dedent("""
                     if not torch.equal(x, ref.to(dtype)):
                         bad.append(f"{dtype} {n} elements {op}")
         report(ok=not bad, bad=bad)
+    elif scenario == "separate_shm":
+        init(datetime.timedelta(seconds=60))
+        x = torch.arange(1000, dtype=torch.float32) + rank
+        dist.all_reduce(x)
+        maps = [l for l in open("/proc/self/maps") if "/dev/shm/" in l]
+        report(ok=torch.equal(x, 2 * torch.arange(1000, dtype=torch.float32) + 1), shm_maps=len(maps))
     elif scenario in ("timedelta_max", "days"):
         huge = datetime.timedelta.max if scenario == "timedelta_max" else datetime.timedelta(days=10**6)
         # torch's own TCPStore cannot take such a timeout: a file store can.
@@ -90,7 +98,10 @@ LAUNCHER = textwrap.dedent("""
     for rank, extra in enumerate(envs):
         env = dict(os.environ, RANK=str(rank))
         env.update(kv.split("=", 1) for kv in extra.split(",") if kv)
-        procs.append(subprocess.Popen([sys.executable, script, scenario], env=env, text=True,
+        # OWN_SHM=1: this rank alone gets a /dev/shm of its own (a mount namespace).
+        own = ["unshare", "--mount", "sh", "-c",
+               'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" "$@"'] if env.get("OWN_SHM") else []
+        procs.append(subprocess.Popen([*own, sys.executable, script, scenario], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for rank, p in enumerate(procs):
         out, _ = p.communicate(timeout=150)
@@ -161,6 +172,17 @@ def test_small_dev_shm_fails_at_init_on_every_rank(tmp_path):
         # Group timeout 60 s: failing at setup means within seconds.
         assert res["secs"] < 15, f"rank {res['rank']} raised after {res['secs']:.1f} s: {msg}"
     assert "rank 0 could not create the shared-memory segment" in results[1]["msg"], results[1]["msg"]
+
+
+def test_ranks_without_a_shared_dev_shm_use_tcp(tmp_path):
+    """Same host, but rank 1 has a /dev/shm of its own (as in separate
+    containers): the group must not try shared memory (rank 0's segment
+    would never appear to rank 1) and works over TCP."""
+    _small_shm_prefix()  # skips where mount namespaces cannot be made
+    results = _world(tmp_path, "separate_shm", ["", "OWN_SHM=1"])
+    for res in results:
+        assert res.get("ok") is True, res
+        assert res["shm_maps"] == 0, f"rank {res['rank']} maps shared memory: {res}"
 
 
 def test_small_dev_shm_with_tcp_works(tmp_path):

@@ -56,8 +56,29 @@ static int same_host(const tcc_blob_t *a, const tcc_blob_t *b) {
          strncmp(a->boot_id, b->boot_id, sizeof a->boot_id) == 0;
 }
 
-static tcc_result_t choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
-                                     tcc_transport_t *out, tcc_err_t *err) {
+/* Shared memory needs more than one kernel: containers on one host may
+ * each have a /dev/shm of their own, where rank 0's segment would never
+ * appear to the others. The same directory (device and inode) is the
+ * proof; every rank compares the same blobs, so all reach the same choice. */
+static int same_shm(const tcc_blob_t *a, const tcc_blob_t *b) {
+  return same_host(a, b) && a->shm_dev != 0 && a->shm_dev == b->shm_dev && a->shm_ino == b->shm_ino;
+}
+
+tcc_result_t tcc_blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc_err_t *err) {
+  for (int r = 0; r < n; r++) {
+    memcpy(&blobs[r], raw + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, sizeof blobs[r]);
+    if (blobs[r].magic != TCC_BLOB_MAGIC)
+      return tcc_err_set(err, TCC_ERR_INVALID, "tccomm: endpoint blob of rank %d is not a tccomm endpoint", r);
+    /* The strings came from another process: terminate them here so no
+     * later use can run past their fields. */
+    blobs[r].hostname[sizeof blobs[r].hostname - 1] = '\0';
+    blobs[r].boot_id[sizeof blobs[r].boot_id - 1] = '\0';
+  }
+  return TCC_OK;
+}
+
+tcc_result_t tcc_comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
+                                       tcc_transport_t *out, tcc_err_t *err) {
   tcc_transport_t t = cfg->transport;
   if (t == TCC_TRANSPORT_AUTO) {
     const char *env = getenv("TCCOMM_TRANSPORT");
@@ -68,12 +89,19 @@ static tcc_result_t choose_transport(const tcc_comm_config_t *cfg, const tcc_blo
       return tcc_err_set(err, TCC_ERR_INVALID,
                          "tccomm: TCCOMM_TRANSPORT='%s' is not one of auto, shm, tcp", env);
   }
-  int local = 1;
-  for (int r = 1; r < cfg->size; r++) local &= same_host(&blobs[0], &blobs[r]);
-  if (t == TCC_TRANSPORT_AUTO) t = local ? TCC_TRANSPORT_SHM : TCC_TRANSPORT_TCP;
-  if (t == TCC_TRANSPORT_SHM && !local)
+  int hosts = 1, shared = 1;
+  for (int r = 1; r < cfg->size; r++) {
+    hosts &= same_host(&blobs[0], &blobs[r]);
+    shared &= same_shm(&blobs[0], &blobs[r]);
+  }
+  if (t == TCC_TRANSPORT_AUTO) t = shared ? TCC_TRANSPORT_SHM : TCC_TRANSPORT_TCP;
+  if (t == TCC_TRANSPORT_SHM && !hosts)
     return tcc_err_set(err, TCC_ERR_INVALID,
                        "tccomm: shared-memory transport requested but the ranks are on different hosts");
+  if (t == TCC_TRANSPORT_SHM && !shared)
+    return tcc_err_set(err, TCC_ERR_INVALID,
+                       "tccomm: shared-memory transport requested but the ranks do not share /dev/shm "
+                       "(separate containers or mount namespaces); use TCCOMM_TRANSPORT=tcp");
   *out = t;
   return TCC_OK;
 }
@@ -96,20 +124,14 @@ tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
     tcc_err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
     goto fail;
   }
-  for (int r = 0; r < cfg->size; r++) {
-    memcpy(&blobs[r], blobs_raw + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, sizeof blobs[r]);
-    if (blobs[r].magic != TCC_BLOB_MAGIC) {
-      tcc_err_set(&err, TCC_ERR_INVALID, "tccomm: endpoint blob of rank %d is not a tccomm endpoint", r);
-      goto fail;
-    }
-  }
+  if (tcc_blobs_decode(blobs_raw, cfg->size, blobs, &err) != TCC_OK) goto fail;
   if (memcmp(blobs[cfg->rank].token, ep->blob.token, TCC_TOKEN_BYTES) != 0) {
     tcc_err_set(&err, TCC_ERR_INVALID, "tccomm: the blob at index %d is not this rank's endpoint",
                 cfg->rank);
     goto fail;
   }
   tcc_transport_t transport = TCC_TRANSPORT_AUTO;
-  if (choose_transport(cfg, blobs, &transport, &err) != TCC_OK) goto fail;
+  if (tcc_comm_choose_transport(cfg, blobs, &transport, &err) != TCC_OK) goto fail;
 
   comm = calloc(1, sizeof *comm);
   if (!comm) {

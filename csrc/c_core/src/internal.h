@@ -84,6 +84,11 @@ typedef struct tcc_blob {
   uint8_t token[TCC_TOKEN_BYTES]; /* random; peers must present it to connect */
   char hostname[64];
   char boot_id[40];
+  /* The /dev/shm this process sees (device and inode of the directory):
+   * equal on two ranks only when shm_open names mean the same objects to
+   * both. 0 when there is no /dev/shm. */
+  uint64_t shm_dev;
+  uint64_t shm_ino;
 } tcc_blob_t;
 _Static_assert(sizeof(tcc_blob_t) <= TCC_ENDPOINT_BLOB_SIZE, "blob too large");
 
@@ -92,8 +97,21 @@ struct tcc_endpoint {
   tcc_blob_t blob;
 };
 
+/* Copies the n endpoint blobs of raw (TCC_ENDPOINT_BLOB_SIZE bytes apart,
+ * as gathered from the store) into blobs, checks each one's magic and
+ * NUL-terminates its strings. TCC_ERR_INVALID names the first bad rank. */
+tcc_result_t tcc_blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc_err_t *err);
+/* The transport for a group of cfg->size ranks with these decoded blobs:
+ * cfg->transport, else TCCOMM_TRANSPORT, else shared memory when every
+ * rank sees the same /dev/shm. TCC_ERR_INVALID when the request cannot be
+ * met. Every rank decides alike from the same blobs. */
+tcc_result_t tcc_comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
+                                       tcc_transport_t *out, tcc_err_t *err);
+
 /* Fills hostname and boot id of this machine. */
 void tcc_host_identity(char hostname[64], char boot_id[40]);
+/* Device and inode of the /dev/shm directory this process sees (0, 0 if none). */
+void tcc_shm_identity(uint64_t *dev, uint64_t *ino);
 /* Fills buf with n cryptographically random bytes (getrandom). */
 tcc_result_t tcc_random_bytes(void *buf, size_t n);
 

@@ -121,7 +121,7 @@ static tcc_result_t bad_header(const char *who, tcc_err_t *err, const char *fmt,
 /* The other ranks: rank 0's header against the layout recomputed from its
  * published tunables and this group's size, field by field. `bytes`: the
  * verified size of the mapping, of which only the first page is read. */
-static tcc_result_t check_header(const shm_header_t *h, int n, size_t bytes, const char *who, tcc_err_t *err) {
+tcc_result_t tcc_shm_check_header(const shm_header_t *h, int n, size_t bytes, const char *who, tcc_err_t *err) {
   if (h->size != (uint32_t)n) return bad_header(who, err, "it is laid out for %u ranks, this group has %d", h->size, n);
   if (h->window < min_window(n) || h->window > MAX_WINDOW || h->window % 4096 != 0)
     return bad_header(who, err, "window of %llu bytes is not a multiple of 4096 in [%zu, %u]",
@@ -156,7 +156,7 @@ static tcc_result_t open_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, i
   void *base = NULL;
   tcc_result_t r = tcc_segment_open(id, comm->rank, comm->size, deadline, who, &base, &st->bytes, err);
   if (r != TCC_OK) return r;
-  r = check_header(base, comm->size, st->bytes, who, err);
+  r = tcc_shm_check_header(base, comm->size, st->bytes, who, err);
   if (r != TCC_OK) {
     munmap(base, st->bytes);
     return r;

@@ -107,6 +107,12 @@ static inline char *shm_res(shm_state_t *st, int r, int parity) {
   return shm_in(st, r, parity) + st->window;
 }
 
+/* Ranks other than 0: rank 0's header (the segment's first page) against
+ * the layout recomputed from its published tunables and this group's size
+ * n; `bytes` is the verified size of the mapping. TCC_OK, or
+ * TCC_ERR_INVALID naming the first field that does not match. */
+tcc_result_t tcc_shm_check_header(const shm_header_t *h, int n, size_t bytes, const char *who, tcc_err_t *err);
+
 /* Arrives at the next stage's barrier and waits for every rank. On timeout
  * the message names `what`, seq and the ranks that did not arrive. */
 tcc_result_t tcc_shm_barrier(tcc_comm_t *comm, shm_state_t *st, int64_t deadline_ns, const char *what,

@@ -33,6 +33,16 @@ typedef struct tcp_hello {
   uint8_t token[TCC_TOKEN_BYTES]; /* the RECEIVER's token */
 } tcp_hello_t;
 
+/* The acceptor's check of a hello from a connection nobody vouched for:
+ * true (with the sender's *peer and *chan) when it carries this rank's
+ * `token` and the group size n, comes from a rank above `me`, names a
+ * channel, and that (peer, chan) is not yet claimed[2 * peer + chan]. */
+bool tcp_hello_accept(const tcp_hello_t *h, int n, int me, const uint8_t *token, const bool *claimed,
+                      int *peer, int *chan);
+/* The connector's check of the reply: from `peer` on `chan`, carrying this
+ * rank's `token`. */
+bool tcp_ack_valid(const tcp_hello_t *ack, int peer, int chan, const uint8_t *token);
+
 typedef struct tcp_state {
   int n, me;
   int *coll_fd;   /* [n]; -1 for this rank */

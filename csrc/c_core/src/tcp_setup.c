@@ -64,6 +64,7 @@ tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep_o
   ep->blob.port = ntohs(sa.sin_port);
   ep->blob.ipv4 = advertised.s_addr;
   tcc_host_identity(ep->blob.hostname, ep->blob.boot_id);
+  tcc_shm_identity(&ep->blob.shm_dev, &ep->blob.shm_ino);
   memset(blob_out, 0, TCC_ENDPOINT_BLOB_SIZE);
   memcpy(blob_out, &ep->blob, sizeof(ep->blob));
   *ep_out = ep;
@@ -182,6 +183,24 @@ static void conn_finish(mesh_t *m, conn_t *c) {
   m->connected++;
 }
 
+bool tcp_ack_valid(const tcp_hello_t *ack, int peer, int chan, const uint8_t *token) {
+  return ack->magic == TCP_ACK_MAGIC && ack->rank == (uint32_t)peer && ack->chan == (uint32_t)chan &&
+         memcmp(ack->token, token, TCC_TOKEN_BYTES) == 0;
+}
+
+/* Every field is range-checked before it indexes `claimed`: the sender
+ * has not proven anything yet. */
+bool tcp_hello_accept(const tcp_hello_t *h, int n, int me, const uint8_t *token, const bool *claimed,
+                      int *peer, int *chan) {
+  if (h->magic != TCP_HELLO_MAGIC || h->size != (uint32_t)n || memcmp(h->token, token, TCC_TOKEN_BYTES) != 0)
+    return false;
+  if (h->rank >= (uint32_t)n || (int)h->rank <= me || h->chan >= TCP_NCHAN) return false;
+  if (claimed[2 * h->rank + h->chan]) return false;
+  *peer = (int)h->rank;
+  *chan = (int)h->chan;
+  return true;
+}
+
 /* Advances an outgoing connection; on failure it is closed and retried
  * after RETRY_NS until the deadline (the peer may be slow to accept). */
 static void step_outgoing(mesh_t *m, conn_t *c) {
@@ -203,8 +222,7 @@ static void step_outgoing(mesh_t *m, conn_t *c) {
     conn_retry(c, errnum ? "reading reply" : "closed by the peer during the handshake",
                errnum);
   if (rc <= 0) return;
-  if (c->msg.magic != TCP_ACK_MAGIC || c->msg.rank != (uint32_t)c->peer ||
-      c->msg.chan != (uint32_t)c->chan || memcmp(c->msg.token, m->token, TCC_TOKEN_BYTES))
+  if (!tcp_ack_valid(&c->msg, c->peer, c->chan, m->token))
     conn_retry(c, "the process at that address is not this rank's peer", 0);
   else
     conn_finish(m, c);
@@ -222,12 +240,9 @@ static bool step_incoming(mesh_t *m, int i) {
   if (c->phase == C_RECV) {
     if ((rc = move_msg(c, false, &errnum)) < 0) return drop_incoming(m, i), false;
     if (rc == 0) return true;
-    const tcp_hello_t *h = &c->msg;
-    int peer = (int)h->rank, chan = (int)h->chan;
-    bool ok = h->magic == TCP_HELLO_MAGIC && h->size == (uint32_t)m->st->n &&
-              !memcmp(h->token, m->token, TCC_TOKEN_BYTES) && h->rank < (uint32_t)m->st->n &&
-              peer > m->st->me && h->chan < TCP_NCHAN && !m->claimed[2 * peer + chan];
-    if (!ok) return drop_incoming(m, i), false;
+    int peer, chan;
+    if (!tcp_hello_accept(&c->msg, m->st->n, m->st->me, m->token, m->claimed, &peer, &chan))
+      return drop_incoming(m, i), false;
     m->claimed[2 * peer + chan] = true;
     c->peer = peer;
     c->chan = chan;

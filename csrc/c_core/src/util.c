@@ -12,6 +12,7 @@
 #include <sys/random.h>
 #include <sys/syscall.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -221,4 +222,14 @@ void tcc_host_identity(char hostname[64], char boot_id[40]) {
                      boot_id[len - 1] == '\r' || boot_id[len - 1] == '\t'))
     len--;
   boot_id[len] = '\0';
+}
+
+void tcc_shm_identity(uint64_t *dev, uint64_t *ino) {
+  struct stat sb;
+  if (stat("/dev/shm", &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    *dev = *ino = 0;
+    return;
+  }
+  *dev = (uint64_t)sb.st_dev;
+  *ino = (uint64_t)sb.st_ino;
 }

@@ -26,49 +26,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "shm_segment.h"
+#include "window.h"
 
-#define WIN_HEADER_BYTES TCC_SEGMENT_HEAD_BYTES
 #define WIN_PAGE 4096
-/* Keeps the layout arithmetic far from overflow (64 TiB per rank). */
-#define WIN_MAX_BYTES ((uint64_t)1 << 46)
 
-/* The layout as rank 0 computed it. */
-typedef struct win_header {
-  tcc_segment_head_t seg; /* readiness, ranks attached, total size, secret */
-  uint32_t size;
-  uint64_t ctrl_stride;
-  uint64_t data_off; /* of rank 0's buffer; the others follow from the sizes */
-} win_header_t;
 _Static_assert(sizeof(win_header_t) <= WIN_HEADER_BYTES, "the header must fit the segment's first page");
-
-typedef struct win_ctrl {
-  atomic_uint futex;  /* bumped by a signal when someone sleeps */
-  atomic_int sleepers;
-  atomic_ullong sig[]; /* sig[src]: signals received from src */
-} win_ctrl_t;
-
-/* What every rank contributes to creation: its size and (rank 0's is used)
- * the random segment token. */
-typedef struct win_hello {
-  uint64_t bytes;
-  uint8_t token[TCC_TOKEN_BYTES];
-} win_hello_t;
-
-struct tcc_window {
-  int rank;
-  int size;
-  char name[64];        /* the communicator's, for messages */
-  int64_t timeout_ms;
-  char *base;
-  size_t total;
-  size_t ctrl_stride;
-  size_t *off;          /* size entries: data offset of each rank */
-  size_t *bytes;        /* size entries: data bytes of each rank */
-  uint64_t *consumed;   /* size entries: signals consumed from each peer */
-  char last_error[TCC_ERRLEN];
-};
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -124,8 +86,7 @@ static void window_free(tcc_window_t *win) {
   free(win);
 }
 
-/* Offsets of control blocks and data buffers from the allgathered sizes. */
-static void layout(tcc_window_t *win, const win_hello_t *hellos) {
+void tcc_window_layout(tcc_window_t *win, const win_hello_t *hellos) {
   const int n = win->size;
   win->ctrl_stride = align_up(sizeof(win_ctrl_t) + (size_t)n * sizeof(atomic_ullong), 64);
   size_t at = align_up(WIN_HEADER_BYTES + (size_t)n * win->ctrl_stride, WIN_PAGE);
@@ -144,14 +105,8 @@ static void write_header(const tcc_window_t *win, void *base) {
   h->data_off = win->off[0];
 }
 
-/* The other ranks: rank 0's segment, accepted only when its header and size
- * match the layout this rank computed from the same allgathered sizes. */
-static tcc_result_t open_segment(const tcc_window_t *win, const tcc_segment_id_t *id, int64_t deadline,
-                                 const char *who, void **base, tcc_err_t *err) {
-  size_t mapped = 0;
-  tcc_result_t r = tcc_segment_open(id, win->rank, win->size, deadline, who, base, &mapped, err);
-  if (r != TCC_OK) return r;
-  const win_header_t *h = *base;
+tcc_result_t tcc_window_check_header(const tcc_window_t *win, const win_header_t *h, size_t mapped, const char *who,
+                                     tcc_err_t *err) {
   const struct {
     const char *what;
     uint64_t got, want;
@@ -164,11 +119,38 @@ static tcc_result_t open_segment(const tcc_window_t *win, const tcc_segment_id_t
   };
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     if (fields[i].got == fields[i].want) continue;
-    munmap(*base, mapped);
-    *base = NULL;
     return tcc_err_set(err, TCC_ERR_INVALID,
                        "%s: the window segment's header is inconsistent: %s is %llu, expected %llu: not trusted", who,
                        fields[i].what, (unsigned long long)fields[i].got, (unsigned long long)fields[i].want);
+  }
+  return TCC_OK;
+}
+
+/* The other ranks: rank 0's segment, accepted only when its header and size
+ * match the layout this rank computed from the same allgathered sizes. */
+static tcc_result_t open_segment(const tcc_window_t *win, const tcc_segment_id_t *id, int64_t deadline,
+                                 const char *who, void **base, tcc_err_t *err) {
+  size_t mapped = 0;
+  tcc_result_t r = tcc_segment_open(id, win->rank, win->size, deadline, who, base, &mapped, err);
+  if (r != TCC_OK) return r;
+  r = tcc_window_check_header(win, *base, mapped, who, err);
+  if (r != TCC_OK) {
+    munmap(*base, mapped);
+    *base = NULL;
+  }
+  return r;
+}
+
+tcc_result_t tcc_window_check_hellos(const tcc_window_t *win, const win_hello_t *hellos, tcc_err_t *err) {
+  for (int r = 0; r < win->size; r++) {
+    if (hellos[r].bytes == (uint64_t)TCC_WINDOW_DECLINE)
+      return tcc_err_set(err, TCC_ERR_INVALID,
+                         "tccomm window on '%s' (rank %d): rank %d could not register its buffer (its own error "
+                         "says why)", win->name, win->rank, r);
+    if (hellos[r].bytes > WIN_MAX_BYTES)
+      return tcc_err_set(err, TCC_ERR_INVALID, "tccomm window on '%s' (rank %d): rank %d asked for %llu bytes, more "
+                         "than the %llu a window buffer may have", win->name, win->rank, r,
+                         (unsigned long long)hellos[r].bytes, (unsigned long long)WIN_MAX_BYTES);
   }
   return TCC_OK;
 }
@@ -211,21 +193,8 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
   if (exchange_hellos(comm, bytes, timeout_ms, hellos, &err) != TCC_OK) goto fail;
   /* Checked after the exchange, on every rank alike: one rank's bad size
    * fails the creation everywhere at once instead of leaving peers waiting. */
-  for (int r = 0; r < n; r++) {
-    if (hellos[r].bytes == (uint64_t)TCC_WINDOW_DECLINE) {
-      tcc_err_set(&err, TCC_ERR_INVALID,
-                  "tccomm window on '%s' (rank %d): rank %d could not register its buffer (its own error says why)",
-                  comm->name, comm->rank, r);
-      goto fail;
-    }
-    if (hellos[r].bytes > WIN_MAX_BYTES) {
-      tcc_err_set(&err, TCC_ERR_INVALID, "tccomm window on '%s' (rank %d): rank %d asked for %llu bytes, more than "
-                  "the %llu a window buffer may have", comm->name, comm->rank, r,
-                  (unsigned long long)hellos[r].bytes, (unsigned long long)WIN_MAX_BYTES);
-      goto fail;
-    }
-  }
-  layout(win, hellos);
+  if (tcc_window_check_hellos(win, hellos, &err) != TCC_OK) goto fail;
+  tcc_window_layout(win, hellos);
   tcc_segment_id_t id;
   char who[160];
   tcc_segment_id("win-", hellos[0].token, &id);

@@ -32,14 +32,17 @@ static int group_comm_destroyed;
  *   "shm", "tcp"     that transport, forced;
  *   "auto"           chosen from the endpoints (all on this host: shm);
  *   "auto-hosts"     chosen, with every rank claiming its own host name (tcp);
- *   "shm-hosts"      shm forced across "hosts": creation must fail. */
+ *   "shm-hosts"      shm forced across "hosts": creation must fail;
+ *   "auto-shmdirs"   one host, but each rank claims a /dev/shm of its own (tcp);
+ *   "shm-shmdirs"    shm forced there: creation must fail. */
 static int __attribute__((unused)) run_group(int n, const char *spec, int64_t timeout_ms, const char *name, rank_fn fn) {
   rendezvous_t *rv = mmap(NULL, sizeof *rv, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   const int fake_hosts = strstr(spec, "-hosts") != NULL;
+  const int fake_shm = strstr(spec, "-shmdirs") != NULL; /* one host, a /dev/shm per rank */
   const tcc_transport_t transport = strncmp(spec, "auto", 4) == 0 ? TCC_TRANSPORT_AUTO
                                     : strncmp(spec, "tcp", 3) == 0 ? TCC_TRANSPORT_TCP
                                                                    : TCC_TRANSPORT_SHM;
-  const char *expected = transport == TCC_TRANSPORT_TCP || fake_hosts ? "tcp" : "shm";
+  const char *expected = transport == TCC_TRANSPORT_TCP || fake_hosts || fake_shm ? "tcp" : "shm";
   pid_t pids[8];
   for (int r = 0; r < n; r++) {
     pids[r] = fork();
@@ -51,10 +54,11 @@ static int __attribute__((unused)) run_group(int n, const char *spec, int64_t ti
       fprintf(stderr, "endpoint: %s\n", err);
       _exit(2);
     }
-    if (fake_hosts) {
+    if (fake_hosts || fake_shm) {
       tcc_blob_t b;
       memcpy(&b, blob, sizeof b);
-      snprintf(b.hostname, sizeof b.hostname, "test-host-%d", r);
+      if (fake_hosts) snprintf(b.hostname, sizeof b.hostname, "test-host-%d", r);
+      if (fake_shm) b.shm_ino += (uint64_t)r;
       memcpy(blob, &b, sizeof b);
     }
     memcpy(rv->blobs + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, blob, sizeof blob);
@@ -63,8 +67,9 @@ static int __attribute__((unused)) run_group(int n, const char *spec, int64_t ti
     tcc_comm_config_t cfg = {r, n, timeout_ms, name, transport};
     tcc_comm_t *comm;
     tcc_result_t created = tcc_comm_create(&cfg, ep, rv->blobs, &comm, err, sizeof err);
-    if (strcmp(spec, "shm-hosts") == 0) {
-      CHECK(created == TCC_ERR_INVALID && strstr(err, "different hosts"), "shm across hosts: %s", err);
+    if (strcmp(spec, "shm-hosts") == 0 || strcmp(spec, "shm-shmdirs") == 0) {
+      const char *why = fake_hosts ? "different hosts" : "do not share /dev/shm";
+      CHECK(created == TCC_ERR_INVALID && strstr(err, why), "%s: %s", spec, err);
       _exit(check_failures ? 1 : 0);
     }
     if (created != TCC_OK) {

@@ -395,9 +395,10 @@ int main(int argc, char **argv) {
   }
   if (argc <= 1) {
     /* The transport follows the endpoints' host identity unless forced. */
-    const char *specs[] = {"auto", "auto-hosts", "shm-hosts"};
-    for (int i = 0; i < 3; i++) {
-      int bad = run_group(3, specs[i], 60000, "choice-group", i < 2 ? test_mismatch : NULL);
+    const char *specs[] = {"auto", "auto-hosts", "shm-hosts", "auto-shmdirs", "shm-shmdirs"};
+    for (int i = 0; i < 5; i++) {
+      rank_fn fn = strncmp(specs[i], "auto", 4) == 0 ? test_mismatch : NULL;
+      int bad = run_group(3, specs[i], 60000, "choice-group", fn);
       printf("%s transport choice: %s\n", bad ? "FAIL" : "ok  ", specs[i]);
       bad ? failed++ : passed++;
     }

@@ -1,0 +1,255 @@
+/*
+ * gen_corpus.c - writes the seed corpus of every fuzz target into
+ * tests/fuzz/corpus/<name>/ (make fuzz-corpus). Valid inputs are built
+ * with the core's own functions where it has them and checked against the
+ * core's own checks, so a layout change that breaks a seed fails here
+ * rather than silently leaving the fuzzers without a valid starting point.
+ * Near-valid inputs differ from a valid one in a single field.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shm.h"
+#include "tcp.h"
+#include "window.h"
+
+typedef struct out {
+  uint8_t buf[16384];
+  size_t len;
+} out_t;
+
+static void put(out_t *o, const void *p, size_t n) {
+  assert(o->len + n <= sizeof o->buf);
+  memcpy(o->buf + o->len, p, n);
+  o->len += n;
+}
+static void put8(out_t *o, uint8_t v) { put(o, &v, 1); }
+
+static void save(const char *target, const char *name, const out_t *o) {
+  char path[256];
+  snprintf(path, sizeof path, "tests/fuzz/corpus/%s/%s", target, name);
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(o->buf, 1, o->len, f) != o->len) {
+    fprintf(stderr, "gen_corpus: cannot write %s (run from csrc/c_core, directories made)\n", path);
+    exit(1);
+  }
+  fclose(f);
+}
+
+/* ---- endpoint blobs ---- */
+
+static void blob(out_t *o, const char *host, uint32_t magic, uint64_t shm_dev) {
+  uint8_t raw[TCC_ENDPOINT_BLOB_SIZE] = {0};
+  tcc_blob_t b = {.magic = magic, .pid = 100, .port = 29500, .ipv4 = 0x0100007f, .shm_dev = shm_dev, .shm_ino = 7};
+  memset(b.token, 0x5a, sizeof b.token);
+  snprintf(b.hostname, sizeof b.hostname, "%s", host);
+  snprintf(b.boot_id, sizeof b.boot_id, "00000000-0000-0000-0000-000000000001");
+  if (!strcmp(host, "unterminated")) memset(b.hostname, 'x', sizeof b.hostname);
+  memcpy(raw, &b, sizeof b);
+  put(o, raw, sizeof raw);
+}
+
+static void gen_blob(void) {
+  const struct {
+    const char *name, *host1;
+    uint8_t want;
+    uint32_t magic1;
+    uint64_t dev1;
+  } seeds[] = {
+      {"same-host-auto", "host-a", 0, TCC_BLOB_MAGIC, 3},     {"two-hosts-auto", "host-b", 0, TCC_BLOB_MAGIC, 3},
+      {"two-hosts-shm", "host-b", 1, TCC_BLOB_MAGIC, 3},      {"other-shm-dir", "host-a", 0, TCC_BLOB_MAGIC, 4},
+      {"bad-magic", "host-a", 2, TCC_BLOB_MAGIC ^ 1, 3},      {"unterminated-host", "unterminated", 0, TCC_BLOB_MAGIC, 3},
+  };
+  for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+    out_t o = {.len = 0};
+    put8(&o, 1); /* two ranks */
+    put8(&o, seeds[i].want);
+    blob(&o, "host-a", TCC_BLOB_MAGIC, 3);
+    blob(&o, seeds[i].host1, seeds[i].magic1, seeds[i].dev1);
+    save("blob", seeds[i].name, &o);
+  }
+}
+
+/* ---- TCP handshake ---- */
+
+static void gen_tcp_hello(void) {
+  const struct {
+    const char *name;
+    uint32_t magic, rank, chan, size;
+    uint8_t claim;
+  } seeds[] = {
+      {"hello", TCP_HELLO_MAGIC, 2, 1, 4, 0},     {"ack", TCP_ACK_MAGIC, 0, 1, 4, 0},
+      {"hello-rank-too-big", TCP_HELLO_MAGIC, 4, 0, 4, 0}, {"hello-bad-chan", TCP_HELLO_MAGIC, 3, 2, 4, 0},
+      {"hello-claimed", TCP_HELLO_MAGIC, 2, 1, 4, 1},      {"hello-lower-rank", TCP_HELLO_MAGIC, 0, 0, 4, 0},
+  };
+  uint8_t token[TCC_TOKEN_BYTES];
+  memset(token, 0x11, sizeof token);
+  for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+    out_t o = {.len = 0};
+    put8(&o, 3); /* n = 4 */
+    put8(&o, 1); /* me */
+    put8(&o, 0); /* the ack is expected from rank 0 ... */
+    put8(&o, 1); /* ... on the p2p channel */
+    for (int k = 0; k < 8; k++) put8(&o, seeds[i].claim && k == 2 * 2 + 1);
+    put(&o, token, sizeof token);
+    tcp_hello_t h = {seeds[i].magic, seeds[i].rank, seeds[i].chan, seeds[i].size, {0}};
+    memcpy(h.token, token, sizeof token);
+    put(&o, &h, sizeof h);
+    save("tcp_hello", seeds[i].name, &o);
+  }
+}
+
+/* ---- collective descriptors ---- */
+
+static void coll_seed(const char *name, int n, tcc_coll_kind_t kind, uint64_t bad_rank_seq, size_t bad_split) {
+  size_t sends[3][3] = {{1, 2, 3}, {4, 5, 6}, {7, 8, 9}}, recvs[3][3];
+  for (int j = 0; j < 3; j++)
+    for (int k = 0; k < 3; k++) recvs[k][j] = sends[j][k];
+  out_t o = {.len = 0};
+  put8(&o, (uint8_t)(n - 1));
+  put8(&o, 1);
+  put8(&o, (uint8_t)(kind - TCC_COLL_BROADCAST));
+  for (int r = 0; r < n; r++) {
+    tcc_coll_t c = {.kind = kind, .dtype = TCC_FLOAT32, .redop = TCC_SUM, .root = 0, .count = 10,
+                    .send_counts = sends[r], .recv_counts = recvs[r]};
+    uint8_t d[256] = {0};
+    size_t len = tcc_coll_desc_bytes(kind, n);
+    assert(len <= sizeof d);
+    tcc_coll_desc_fill(&c, r == 2 ? bad_rank_seq : 5, n, d);
+    if (bad_split && r == 2) d[sizeof(tcc_coll_desc_t)] ^= 1;
+    put(&o, d, len);
+  }
+  save("coll_desc", name, &o);
+}
+
+static void gen_coll_desc(void) {
+  coll_seed("allreduce", 3, TCC_COLL_ALLREDUCE, 5, 0);
+  coll_seed("broadcast", 3, TCC_COLL_BROADCAST, 5, 0);
+  coll_seed("alltoall", 3, TCC_COLL_ALLTOALL, 5, 0);
+  coll_seed("alltoall-split-mismatch", 3, TCC_COLL_ALLTOALL, 5, 1);
+  coll_seed("allreduce-seq-mismatch", 3, TCC_COLL_ALLREDUCE, 6, 0);
+}
+
+/* ---- shared-memory transport header ---- */
+
+static uint64_t align_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* The layout shm.c lays out, recomputed; the check below proves it right. */
+static void shm_layout(shm_header_t *h, int n, uint64_t window) {
+  memset(h, 0, sizeof *h);
+  h->size = (uint32_t)n;
+  h->window = window;
+  h->small_bytes = window < 32768 ? window : 32768;
+  h->ring_bytes = n <= 4 ? (1u << 20) : align_to((4u << 20) / (uint64_t)n, 4096);
+  if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
+  h->desc_stride = align_to(tcc_coll_desc_bytes(TCC_COLL_ALLTOALL, n), TCC_CACHELINE);
+  h->ctrl_off = TCC_SEGMENT_HEAD_BYTES;
+  h->desc_off = align_to(h->ctrl_off + (uint64_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
+  h->data_off = align_to(h->desc_off + (uint64_t)n * 2 * h->desc_stride, 4096);
+  h->ring_off = h->data_off + (uint64_t)n * 4 * window;
+  h->seg.total_bytes = h->ring_off + (uint64_t)n * n * align_to(sizeof(shm_ring_t) + h->ring_bytes, 4096);
+}
+
+static void shm_seed(const char *name, int n, uint64_t window, int broken_field) {
+  shm_header_t h;
+  shm_layout(&h, n, window);
+  tcc_err_t err = {TCC_OK, {0}};
+  if (tcc_shm_check_header(&h, n, h.seg.total_bytes, "gen", &err) != TCC_OK) {
+    fprintf(stderr, "gen_corpus: %s\n", err.msg);
+    exit(1);
+  }
+  if (broken_field == 1) h.data_off += 4096;
+  if (broken_field == 2) h.small_bytes = window + 1;
+  out_t o = {.len = 0};
+  uint16_t n16 = (uint16_t)(n - 1);
+  uint64_t bytes = h.seg.total_bytes;
+  put(&o, &n16, sizeof n16);
+  put(&o, &bytes, sizeof bytes);
+  put(&o, &h, sizeof h);
+  save("shm_header", name, &o);
+}
+
+static void gen_shm_header(void) {
+  shm_seed("two-ranks", 2, 512 * 1024, 0);
+  shm_seed("five-ranks-small-window", 5, 4096, 0);
+  shm_seed("bad-data-off", 2, 512 * 1024, 1);
+  shm_seed("small-over-window", 2, 4096, 2);
+}
+
+/* ---- windows ---- */
+
+static void window_seed(const char *name, uint64_t b0, uint64_t b1, int broken) {
+  win_hello_t hellos[2] = {{b0, {0}}, {b1, {0}}};
+  size_t off[2], bytes[2];
+  tcc_window_t win = {.rank = 1, .size = 2, .off = off, .bytes = bytes};
+  tcc_err_t err = {TCC_OK, {0}};
+  win_header_t h;
+  memset(&h, 0, sizeof h);
+  if (tcc_window_check_hellos(&win, hellos, &err) == TCC_OK) {
+    tcc_window_layout(&win, hellos);
+    h.size = 2;
+    h.ctrl_stride = win.ctrl_stride;
+    h.data_off = win.off[0];
+    h.seg.total_bytes = win.total;
+    assert(tcc_window_check_header(&win, &h, win.total, "gen", &err) == TCC_OK);
+  }
+  if (broken) h.ctrl_stride += 64;
+  uint64_t mapped = win.total;
+  out_t o = {.len = 0};
+  put8(&o, 1);
+  put8(&o, 1);
+  put(&o, hellos, sizeof hellos);
+  put(&o, &h, sizeof h);
+  put(&o, &mapped, sizeof mapped);
+  save("window", name, &o);
+}
+
+static void gen_window(void) {
+  window_seed("two-ranks", 4096, 100, 0);
+  window_seed("empty-buffer", 0, 65536, 0);
+  window_seed("bad-ctrl-stride", 4096, 100, 1);
+  window_seed("declined", 4096, UINT64_MAX, 0);
+  window_seed("too-big", (uint64_t)1 << 47, 100, 0);
+}
+
+/* ---- segments ---- */
+
+static void segment_seed(const char *name, uint8_t flags, uint16_t mode, uint32_t size, uint32_t state,
+                         const char *reason) {
+  out_t o = {.len = 0};
+  put8(&o, flags);
+  put(&o, &mode, sizeof mode);
+  put(&o, &size, sizeof size);
+  tcc_segment_head_t head;
+  memset(&head, 0, sizeof head);
+  atomic_store(&head.state, state);
+  head.total_bytes = size;
+  snprintf(head.reason, sizeof head.reason, "%s", reason);
+  put(&o, &head, sizeof head);
+  save("segment", name, &o);
+}
+
+static void gen_segment(void) {
+  /* flags: 1 secret, 2 ready, 4 total = size, 8 reserve, mode in bits 4-5 */
+  segment_seed("ready-one-page", 0x0f, 0, 4096, 0, "");
+  segment_seed("ready-two-pages", 0x0f, 0, 8192, 0, "");
+  segment_seed("wrong-secret", 0x0e, 0, 4096, 0, "");
+  segment_seed("not-reserved", 0x07, 0, 8192, 0, "");
+  segment_seed("failed", 0x0d, 0, 4096, 0x7463666cu, "no room"); /* the state shm_segment.c writes on failure */
+  segment_seed("no-room-mode", 0x1f, 0, 8192, 0, "");
+  segment_seed("group-readable", 0x2f, 0, 4096, 0, "");
+  segment_seed("short", 0x0f, 0, 100, 0, "");
+  segment_seed("not-ready", 0x0d, 0, 4096, 0, "");
+}
+
+int main(void) {
+  gen_blob();
+  gen_tcp_hello();
+  gen_coll_desc();
+  gen_shm_header();
+  gen_window();
+  gen_segment();
+  return 0;
+}
