@@ -1311,6 +1311,20 @@ def c_destroy_releases(ctx):
 _KEEP_ALIVE: list = []
 
 
+def train_steps(ddp, opt, steps: int, key: str, rank: int, in_dim: int, out_dim: int = 4):
+    """`steps` optimizer steps of a DDP model on seeded random batches (the
+    same for a given key and rank on every backend); the parameters after."""
+    for step in range(steps):
+        g = torch.Generator().manual_seed(_seed(key, step, rank))
+        x = torch.randn(8, in_dim, generator=g)
+        y = torch.randn(8, out_dim, generator=g)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.detach().clone() for p in ddp.module.parameters()]
+
+
 def c_ddp_matches_gloo(ctx):
     """5 DDP steps on the backend under test end with the same parameters
     as the same run on gloo (a gloo group in the same processes)."""
@@ -1333,15 +1347,7 @@ def c_ddp_matches_gloo(ctx):
             # waits for the GIL held by the destructor's caller).
             _KEEP_ALIVE.append(ddp)
             opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-            for step in range(5):
-                g = torch.Generator().manual_seed(_seed("ddp", step, r))
-                x = torch.randn(8, 16, generator=g)
-                y = torch.randn(8, 4, generator=g)
-                loss = torch.nn.functional.mse_loss(ddp(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            runs[name] = [p.detach().clone() for p in m.parameters()]
+            runs[name] = train_steps(ddp, opt, 5, "ddp", r, 16)
         for k, (a, b) in enumerate(zip(runs["test"], runs["gloo"])):
             try:
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from _cases import OP_RE, _KEEP_ALIVE, _seed, add, ref_reduce
+from _cases import OP_RE, _KEEP_ALIVE, add, ref_reduce, train_steps
 
 S = "reliability"
 
@@ -74,28 +74,19 @@ def c_ddp_comm_hook_matches_gloo(ctx, hook):
         fn, state = _hook_states(hook, pg)
         ddp.register_comm_hook(state, fn)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        t0 = time.monotonic()
-        for step in range(6):
-            g = torch.Generator().manual_seed(_seed("hook", step, r))
-            x = torch.randn(8, 24, generator=g)
-            y = torch.randn(8, 4, generator=g)
-            loss = torch.nn.functional.mse_loss(ddp(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        runs[name] = ([p.detach().clone() for p in m.parameters()], time.monotonic() - t0)
+        runs[name] = train_steps(ddp, opt, 6, "hook", r, 24)
     _KEEP_ALIVE.append(gloo)
     # tccomm sums float16/bfloat16 in float32 and rounds once, gloo rounds
     # after every addition: the compressed gradients may differ by a few
     # units in the last place of the compressed dtype, times the learning
     # rate, per step. Uncompressed hooks differ only in float32 rounding.
     eps = {"fp16_compress": 2.0 ** -10, "bf16_compress": 2.0 ** -7}.get(hook, 2.0 ** -20)
-    for k, (a, b) in enumerate(zip(runs["test"][0], runs["gloo"][0])):
+    for k, (a, b) in enumerate(zip(runs["test"], runs["gloo"])):
         try:
             torch.testing.assert_close(a, b, rtol=4 * eps, atol=6 * 0.05 * eps)
         except AssertionError as e:
             raise AssertionError(f"{hook}: parameter {k} differs from the gloo run: {e}") from None
-    ctx.digest(*runs["test"][0])
+    ctx.digest(*runs["test"])
 
 
 def c_future_chain(ctx):

@@ -78,8 +78,8 @@ struct tcc_engine {
   int stopping;
   int p2p_idle; /* p2p thread sleeping on p2p_cv */
   int runner_busy; /* a thread is running the collective queue */
-  int users;       /* threads inside tcc_op_wait's runner path; stop waits for 0 */
-  pthread_cond_t users_cv;
+  int waiter_runs; /* the runner is a thread in tcc_op_wait; stop waits until it is out */
+  pthread_cond_t waiter_cv;
   int coll_deep_sleep;      /* the collective thread sleeps until signalled */
   int64_t last_submit_ns;   /* last collective submitted (tcc_now_ns) */
   pthread_t coll_thread, p2p_thread;
@@ -162,21 +162,25 @@ static void run_collective_queue(tcc_comm_t *comm, tcc_op_t *until) {
   }
 }
 
-/* Claims the right to run the collective queue; at most one thread holds
- * it, so ops run one at a time in queue order. */
+/* A waiter claims the right to run the collective queue; at most one
+ * thread holds it, so ops run one at a time in queue order. Refused once
+ * destroy has begun: the stopping engine finishes the op then. */
 static int claim_runner(tcc_engine_t *e) {
   pthread_mutex_lock(&e->lock);
-  int got = !e->runner_busy;
-  e->runner_busy = 1;
+  int got = !e->runner_busy && !e->stopping;
+  if (got) e->runner_busy = e->waiter_runs = 1;
   pthread_mutex_unlock(&e->lock);
   return got;
 }
 
 /* Gives the queue back; wakes the collective thread if work is left (a
- * waiter stops running the queue once its own op is done). */
+ * waiter stops running the queue once its own op is done), and a destroy
+ * that waits for the waiter to be out of the transport. */
 static void release_runner(tcc_engine_t *e) {
   pthread_mutex_lock(&e->lock);
   e->runner_busy = 0;
+  if (e->waiter_runs && e->stopping) pthread_cond_broadcast(&e->waiter_cv);
+  e->waiter_runs = 0;
   if (e->coll_head || e->stopping) pthread_cond_signal(&e->coll_cv);
   pthread_mutex_unlock(&e->lock);
 }
@@ -632,7 +636,7 @@ tcc_result_t tcc_engine_start(tcc_comm_t *comm, tcc_err_t *err) {
   pthread_cond_init(&e->coll_cv, &monotonic);
   pthread_condattr_destroy(&monotonic);
   pthread_cond_init(&e->p2p_cv, NULL);
-  pthread_cond_init(&e->users_cv, NULL);
+  pthread_cond_init(&e->waiter_cv, NULL);
   comm->engine = e;
   int rc = pthread_create(&e->coll_thread, NULL, collective_thread_main, comm);
   if (rc == 0) {
@@ -703,7 +707,7 @@ void tcc_engine_stop(tcc_comm_t *comm) {
    * must be out before the transport goes (its op fails fast: the
    * communicator is failed before stop). */
   pthread_mutex_lock(&e->lock);
-  while (e->users > 0) pthread_cond_wait(&e->users_cv, &e->lock);
+  while (e->waiter_runs) pthread_cond_wait(&e->waiter_cv, &e->lock);
   pthread_mutex_unlock(&e->lock);
   if (e->coll_started) pthread_join(e->coll_thread, NULL);
   if (e->p2p_started) pthread_join(e->p2p_thread, NULL);
@@ -717,26 +721,10 @@ void tcc_engine_free(tcc_comm_t *comm) {
   pthread_mutex_destroy(&e->lock);
   pthread_cond_destroy(&e->coll_cv);
   pthread_cond_destroy(&e->p2p_cv);
-  pthread_cond_destroy(&e->users_cv);
+  pthread_cond_destroy(&e->waiter_cv);
   free(e->peers);
   free(e);
   comm->engine = NULL;
-}
-
-/* Enters the part of tcc_op_wait that may run the queue; false once
- * destroy has begun (the op is then finished by the stopping engine). */
-static bool engine_enter(tcc_engine_t *e) {
-  pthread_mutex_lock(&e->lock);
-  bool ok = !e->stopping;
-  if (ok) e->users++;
-  pthread_mutex_unlock(&e->lock);
-  return ok;
-}
-
-static void engine_leave(tcc_engine_t *e) {
-  pthread_mutex_lock(&e->lock);
-  if (--e->users == 0 && e->stopping) pthread_cond_broadcast(&e->users_cv);
-  pthread_mutex_unlock(&e->lock);
 }
 
 /* ---- op handles ------------------------------------------------------- */
@@ -761,14 +749,13 @@ tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms) {
    * bounded wait must not: a collective, once started, runs until it ends
    * or its own deadline passes, which may be long after timeout_ms. */
   tcc_engine_t *e = comm->engine;
-  if (op->kind == TCC_OP_COLL && op->cuda_device < 0 && e && engine_enter(e)) {
+  if (op->kind == TCC_OP_COLL && op->cuda_device < 0 && e) {
     if (timeout_ms < 0 && claim_runner(e)) {
       run_collective_queue(comm, op);
       release_runner(e);
     } else if (timeout_ms >= 0) {
       tcc_op_start(op);
     }
-    engine_leave(e);
   }
   int64_t deadline = timeout_ms < 0 ? INT64_MAX : tcc_deadline_after_ms(timeout_ms);
   for (int i = 0; i < comm->spin_iters; i++) {
