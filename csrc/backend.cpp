@@ -950,7 +950,9 @@ c10::intrusive_ptr<c10d::Work> TccBackend::recv(std::vector<at::Tensor>& tensors
   step.call = [buf, peer, tag](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_recv(c, buf, peer, coreTag(tag), o, h);
   };
-  return runOne(op, OpType::RECV, c10d::kUnsetTimeout, std::move(step), tensors, {}, peer);
+  // The tensor is also the work's "input": torch's profiler records its
+  // shape for the receive, as for gloo's.
+  return runOne(op, OpType::RECV, c10d::kUnsetTimeout, std::move(step), tensors, tensors, peer);
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
@@ -963,7 +965,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::recvAnysource(std::vector<at::Tensor>
     return tcc_recv(c, buf, TCC_ANY_SOURCE, coreTag(tag), o, h);
   };
   // The sender is known once the receive completes: Work::sourceRank asks the op.
-  return runOne(op, OpType::RECVANYSOURCE, c10d::kUnsetTimeout, std::move(step), tensors, {}, TccWork::kSourceFromOp);
+  return runOne(op, OpType::RECVANYSOURCE, c10d::kUnsetTimeout, std::move(step), tensors, tensors, TccWork::kSourceFromOp);
 }
 
 } // namespace tccomm

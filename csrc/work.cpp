@@ -9,6 +9,7 @@
 #include <memory>
 
 #include <ATen/core/jit_type.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 namespace tccomm {
@@ -28,6 +29,54 @@ std::string coreFailure(const char* op, tcc_op_t* handle) {
     return msg;
   }
   return std::string("tccomm: ") + op + ": " + tcc_result_string(tcc_op_result(handle));
+}
+
+// The name under which torch's profiler shows a work, from issue to
+// completion ("tccomm:all_reduce", as gloo's are "gloo:all_reduce").
+// nullptr while no profiler callback is registered: c10d::Work then skips
+// the recording (an allocation per op) altogether.
+const char* profilingTitle(c10d::OpType type) {
+  if (!at::hasCallbacks()) {
+    return nullptr;
+  }
+  using c10d::OpType;
+  switch (type) {
+    case OpType::BROADCAST:
+      return "tccomm:broadcast";
+    case OpType::ALLREDUCE:
+    case OpType::ALLREDUCE_COALESCED:
+      return "tccomm:all_reduce";
+    case OpType::REDUCE:
+      return "tccomm:reduce";
+    case OpType::ALLGATHER:
+    case OpType::ALLGATHER_COALESCED:
+      return "tccomm:all_gather";
+    case OpType::_ALLGATHER_BASE:
+    case OpType::ALLGATHER_INTO_TENSOR_COALESCED:
+      return "tccomm:all_gather_into_tensor";
+    case OpType::GATHER:
+      return "tccomm:gather";
+    case OpType::SCATTER:
+      return "tccomm:scatter";
+    case OpType::REDUCE_SCATTER:
+      return "tccomm:reduce_scatter";
+    case OpType::_REDUCE_SCATTER_BASE:
+    case OpType::REDUCE_SCATTER_TENSOR_COALESCED:
+      return "tccomm:reduce_scatter_tensor";
+    case OpType::ALLTOALL:
+    case OpType::ALLTOALL_BASE:
+      return "tccomm:all_to_all";
+    case OpType::BARRIER:
+      return "tccomm:barrier";
+    case OpType::SEND:
+      return "tccomm:send";
+    case OpType::RECV:
+      return "tccomm:recv";
+    case OpType::RECVANYSOURCE:
+      return "tccomm:recvAnySource";
+    default:
+      return "tccomm:coalesced";
+  }
 }
 
 } // namespace
@@ -139,7 +188,7 @@ TccWork::TccWork(
     std::vector<at::Tensor> outputs,
     const std::vector<at::Tensor>& inputs,
     int sourceRank)
-    : c10d::Work(rank, type, nullptr, inputs),
+    : c10d::Work(rank, type, profilingTitle(type), inputs),
       op_(op),
       ops_(std::move(ops)),
       outputs_(std::move(outputs)),

@@ -24,8 +24,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
-echo "== installing $TORCH_SPEC numpy pytest"
-"${PIP[@]}" install -q "$TORCH_SPEC" numpy pytest "setuptools>=64" wheel
+echo "== installing $TORCH_SPEC numpy pytest expecttest"
+"${PIP[@]}" install -q "$TORCH_SPEC" numpy pytest expecttest "setuptools>=64" wheel
 
 echo "== building tccomm (pip install --no-build-isolation -e .)"
 rm -rf "$ROOT/build" "$ROOT"/torchcomm_backend/_C*.so

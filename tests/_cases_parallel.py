@@ -9,13 +9,11 @@ on every rank's inputs, or the same training run on gloo in the same processes.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from _cases import add, ref_reduce
+from _cases import FLOATS, _op_re, add, reduction_bound, ref_reduce
 
 # The compiled and training cases run in groups of their own, so that their
 # compile time does not eat into the budget of the collective specs.
@@ -70,7 +68,8 @@ def _a2a_expected(r: int, W: int) -> torch.Tensor:
 
 def _funcol_ops(ctx, group, label: str, exact: bool) -> int:
     """Every _c10d_functional op on `group` against references; returns how
-    many ops it issued."""
+    many ops it issued. `exact`: the group reduces floats in rank order (as
+    tccomm specifies), so float reductions are compared bit for bit."""
     W, r = ctx.world, ctx.rank
     ops = torch.ops._c10d_functional
     name = group.group_name
@@ -82,15 +81,23 @@ def _funcol_ops(ctx, group, label: str, exact: bool) -> int:
     def everyone(shape, dtype, tag):
         return [inp(q, shape, dtype, tag) for q in range(W)]
 
-    def check(actual, expected, what, exact_here=True):
-        ctx.compare(actual, expected, f"{label} group: {what}", exact_here)
+    def check(actual, expected, what):
+        """Moved data, or integer results: every bit."""
+        ctx.same_bits(actual, expected, f"{label} group: {what}")
 
-    for redop, dtype in (("sum", "int64"), ("max", "int32"), ("avg", "float64")):
+    def check_reduced(actual, xs, dtype, redop, what):
+        exact_here = exact or dtype not in FLOATS or redop in ("MIN", "MAX")
+        bound = None if exact_here else reduction_bound(xs, dtype, redop)
+        ctx.compare(actual, ref_reduce(xs, dtype, redop), f"{label} group: {what}",
+                    exact_here, bound=bound)
+
+    for redop, dtype in (("sum", "int64"), ("max", "int32"), ("avg", "float64"),
+                         ("sum", "float32")):
         x = inp(r, 37, dtype, redop)
         x0 = x.clone()
         y = ops.wait_tensor(ops.all_reduce(x, redop, name))
-        check(y, ref_reduce(everyone(37, dtype, redop), dtype, redop.upper()),
-              f"all_reduce {redop}", exact and redop != "avg")
+        check_reduced(y, everyone(37, dtype, redop), dtype, redop.upper(),
+                      f"all_reduce {redop} on {dtype}")
         check(x, x0, f"all_reduce {redop} leaves its input alone")
         issued += 1
 
@@ -133,13 +140,17 @@ def _funcol_ops(ctx, group, label: str, exact: bool) -> int:
     ops.reduce_scatter_tensor_out(x, "sum", W, name, out=out)
     check(ops.wait_tensor(out), mine, "reduce_scatter_tensor_out")
     x2 = inp(r, W, "float64", "rs2")
-    full2 = ref_reduce(everyone(W, "float64", "rs2"), "float64", "MAX")
     ys = ops.reduce_scatter_tensor_coalesced([x, x2], "max", W, name)
     check(ops.wait_tensor(ys[0]),
           ref_reduce(everyone((2 * W, 3), "int64", "rs"), "int64", "MAX")[2 * r:2 * r + 2],
           "reduce_scatter_tensor_coalesced tensor 0")
-    check(ops.wait_tensor(ys[1]), full2[r:r + 1], "reduce_scatter_tensor_coalesced tensor 1")
-    issued += 3
+    check_reduced(ops.wait_tensor(ys[1]), [q[r:r + 1] for q in everyone(W, "float64", "rs2")],
+                  "float64", "MAX", "reduce_scatter_tensor_coalesced tensor 1")
+    x3 = inp(r, 3 * W, "float32", "rs3")
+    check_reduced(ops.wait_tensor(ops.reduce_scatter_tensor(x3, "avg", W, name)),
+                  [q[3 * r:3 * r + 3] for q in everyone(3 * W, "float32", "rs3")],
+                  "float32", "AVG", "reduce_scatter_tensor avg on float32")
+    issued += 4
 
     out_splits = [_a2a_rows(j, r) for j in range(W)]
     in_splits = [_a2a_rows(r, j) for j in range(W)]
@@ -171,7 +182,8 @@ def c_funcol_ops(ctx):
     served by tccomm's fast path, and no op on the gloo group is."""
     gloo = dist.new_group(list(range(ctx.world)), backend="gloo")
     try:
-        for label, group, exact in (("test", dist.group.WORLD, True), ("gloo", gloo, True)):
+        # gloo reduces in an order of its own; tccomm in rank order.
+        for label, group, exact in (("test", dist.group.WORLD, ctx.strict), ("gloo", gloo, False)):
             expected = None if label == "test" else 0
             with FastPathCount(ctx, expected, f"functional ops on the {label} group") as count:
                 issued = _funcol_ops(ctx, group, label, exact)
@@ -215,11 +227,14 @@ def c_funcol_bad_input(ctx):
     ops = torch.ops._c10d_functional
     name = dist.group.WORLD.group_name
     ctx.expect_error(lambda: ops.all_reduce(torch.ones(3), "median", name),
-                     r"all_reduce", r"reduce op|median", "all_reduce with an unknown reduce op")
+                     _op_re("all_reduce"), r"reduce op|median",
+                     "all_reduce with an unknown reduce op")
     ctx.expect_error(lambda: ops.all_gather_into_tensor(torch.ones(3), W + 1, name),
-                     r"all_gather", r"group.?size|size", "all_gather_into_tensor with a wrong group_size")
+                     _op_re("all_gather_into_tensor"), r"group.?size|size",
+                     "all_gather_into_tensor with a wrong group_size")
     ctx.expect_error(lambda: ops.reduce_scatter_tensor(torch.ones(W * 2 + 1), "sum", W, name),
-                     r"reduce_scatter", r"divisible|size|numel", "reduce_scatter_tensor of an indivisible input")
+                     _op_re("reduce_scatter_tensor"), r"divisible|size|numel",
+                     "reduce_scatter_tensor of an indivisible input")
     ctx.check_usable()
 
 
@@ -260,10 +275,27 @@ def c_compile_funcol(ctx):
              "all_to_all_single", "broadcast", "dist.all_reduce"]
     for what, a, e in zip(names, got, eager):
         ctx.compare(a, e, f"compiled {what} vs eager", exact=True)
-    # And the eager results are right.
-    ctx.compare(eager[1], ref_reduce([ctx.inp(q, 16, "float32", tag="x") for q in range(W)],
-                                     "float32", "MAX"), "eager all_reduce max")
-    ctx.compare(eager[4], _a2a_expected(r, W), "eager all_to_all_single")
+    # And both are right: every output against plain torch on all ranks' inputs.
+    xs = [ctx.inp(q, 16, "float32", tag="x") for q in range(W)]
+    ys = [ctx.inp(q, (3, 4), "float32", tag="y") for q in range(W)]
+    zs = [ctx.inp(q, (2 * W, 5), "float32", tag="z")[2 * r:2 * r + 2] for q in range(W)]
+    x2s = [x * 2 for x in xs]  # exact: a power of two
+    reduced = {  # output index -> (inputs, reduce op, what is done to the result)
+        0: (x2s, "SUM", lambda t: t + 1), 1: (xs, "MAX", None), 3: (zs, "SUM", None),
+        6: (xs, "SUM", None)}
+    exact = ctx.exact_for("float32", "SUM")
+    for k, (ins, redop, then) in reduced.items():
+        ref = ref_reduce(ins, "float32", redop)
+        bound = None
+        if not exact and redop == "SUM":
+            bound = reduction_bound(ins, "float32", redop)
+            if then is not None:  # one more rounding, of a value near |ref| + 1
+                bound = bound + torch.finfo(torch.float32).eps * (ref.double().abs() + 1)
+        ctx.compare(got[k], then(ref) if then else ref, f"compiled {names[k]} vs plain torch",
+                    exact or redop == "MAX", bound=bound)
+    ctx.compare(got[2], torch.cat(ys) * 3, "compiled all_gather_tensor vs plain torch")
+    ctx.same_bits(got[4], _a2a_expected(r, W), "compiled all_to_all_single vs plain torch")
+    ctx.compare(got[5], ys[W - 1] + 1, "compiled broadcast vs plain torch")
     ctx.digest(*(got[k] for k in (0, 1, 2, 5, 6)))  # the results every rank shares
 
 
@@ -364,7 +396,8 @@ def c_split_group(ctx):
         ctx.compare(b, torch.full((2,), float(order[0])), f"broadcast on split {mine}")
     if ctx.strict:
         ctx.expect_error(lambda: world.split_group([r, W + 3], timeout=ctx.timeout),
-                         r"split", r"rank|range|size|group", "split with a rank outside the group")
+                         _op_re("split"), r"rank|range|size|group",
+                         "split with a rank outside the group")
     ctx.check_usable()
 
 

@@ -156,8 +156,7 @@ def c_wait_timeout(ctx):
             assert re.search(OP_RE["all_reduce"], msg, re.I), f"the error does not name the op: {msg!r}"
             assert re.search(r"time", msg, re.I), f"the error does not say it timed out: {msg!r}"
         assert work.wait() is True, "a later wait() did not complete the op"
-    ctx.compare(t, ref_reduce(xs, "float64", "SUM"), "all_reduce completed after wait(timeout)",
-                exact=False)
+    ctx.check_reduction(t, xs, "float64", "SUM", "all_reduce completed after wait(timeout)")
 
 
 def c_recv_any_source(ctx):

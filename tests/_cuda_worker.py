@@ -7,14 +7,21 @@ Every rank writes RESULT_DIR/rank<R>.txt: "ok" or the failure, and exits 0
 only on success.
 
 Scenarios:
-  ops      every op on CUDA tensors, compared with the same op on CPU tensors
-           through the same tccomm group (the CPU path is verified by the CPU
-           suite), plus stream semantics, futures, coalescing, bad input
-  eager    as `ops` for all_reduce, with init_process_group(device_id=...)
-  graph    an all_reduce captured in a CUDA graph, replayed 10 times
-  ddp      5 DDP steps on CUDA: same parameters as the same run on `nccl`
-  timeout  a peer never joins: the op fails after the group's timeout
-           naming op, group and rank; the process lives on
+  ops       every op on CUDA tensors against references computed on the host
+            with plain torch from every rank's known (signed) inputs, plus
+            stream semantics, futures, coalescing, bad input
+  eager     as `ops` for all_reduce, with init_process_group(device_id=...)
+  graph     an all_reduce captured in a CUDA graph, replayed 10 times
+  ddp       5 DDP steps on CUDA: same parameters as the same run on `nccl`
+  timeout   a peer never joins: the op fails after the group's timeout
+            naming op, group and rank; the process lives on
+  selfcheck no GPU, no group: the host references and comparisons used by
+            `ops` accept a right result (in another order of the ranks) and
+            reject wrong ones
+
+References and comparisons are tests/_cases.py's (the CPU suite's): NCCL
+sums in an order of its own (floats within _cases.reduction_bound); MIN, MAX,
+integers, bool and moved data are compared exactly (moved data bit for bit).
 """
 
 import datetime
@@ -23,42 +30,52 @@ import os
 import sys
 import time
 import traceback
-import zlib
 
 faulthandler.enable()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import torchcomm_backend  # noqa: E402,F401
+import _cases  # noqa: E402  (tests/ is this script's directory: first on sys.path)
 
-RANK = int(os.environ["RANK"])
-WORLD = int(os.environ["WORLD_SIZE"])
+RANK = 0    # set by main() from the environment torchrun-style launchers give
+WORLD = 1
 DEV = torch.device("cuda", 0)
-FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-DTYPES = FLOATS + (torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool)
+FLOAT_NAMES = _cases.FLOATS
+DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16", "int8", "int32", "int64",
+               "uint8", "bool")  # NCCL reduces no int16
 R = dist.ReduceOp
+REDOPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL_SUM")
 
 
-def inp(key, rank, n, dtype):
-    # crc32, not hash(): every rank must compute the same inputs for a key
-    g = torch.Generator().manual_seed(zlib.crc32(repr((key, rank, n, str(dtype))).encode()))
-    if dtype == torch.bool:
-        return torch.randint(0, 2, (n,), generator=g).bool()
-    if dtype in FLOATS:
-        return (torch.rand(n, generator=g, dtype=torch.float64) + 0.5).to(dtype)
-    return torch.randint(1, 5, (n,), generator=g).to(dtype)
+def inp(key, rank, n, dtype, redop="SUM"):
+    """Rank `rank`'s input for `key`: signed values (integers over their whole
+    range, smaller for AVG so that sums do not wrap), deterministic on every rank."""
+    return _cases.make_input(("cuda", key), rank, n, dtype, _cases.input_kind(redop))
 
 
-def same(cuda_t, cpu_t, what):
-    got = cuda_t.cpu()
-    if got.dtype in (torch.float16, torch.bfloat16):
-        ok = torch.allclose(got.float(), cpu_t.float(), rtol=2e-2, atol=1e-2)
-    elif got.dtype in FLOATS:
-        ok = torch.allclose(got, cpu_t, rtol=1e-5, atol=1e-6)
-    else:
-        ok = torch.equal(got, cpu_t)
-    assert ok, f"{what}: CUDA result differs from the CPU result\n cuda={got[:8]}\n cpu ={cpu_t[:8]}"
+def hostile(key, rank, n, dtype):
+    """Hostile bit patterns (NaN payloads, -0.0, subnormals, integer extremes)
+    for data that is only moved."""
+    return _cases.special_input(("cuda", key), rank, n, dtype)
+
+
+def nccl_extra_roundings(redop, world):
+    """NCCL computes a float AVG as a sum of x_i * (1/world): the rounded
+    factor and its `world` products round more often than a sum divided once."""
+    return world + 1 if redop == "AVG" else 0
+
+
+def check_reduced(got, xs, dtype, redop, what):
+    """`got` (any device) is the reduction of the host tensors `xs`."""
+    exact = dtype not in FLOAT_NAMES or redop in ("MIN", "MAX")
+    bound = None if exact else _cases.reduction_bound(
+        xs, dtype, redop, nccl_extra_roundings(redop, len(xs)))
+    _cases.compare(got.cpu(), _cases.ref_reduce(xs, dtype, redop), what, exact, bound=bound)
+
+
+def check_moved(got, expected, what):
+    _cases.compare(got.cpu(), expected, what, bits=True)
 
 
 def expect_error(fn, *words):
@@ -72,137 +89,126 @@ def expect_error(fn, *words):
     raise AssertionError(f"no error raised; expected one naming {words}")
 
 
-def both(fn):
-    """Runs fn(device) on CUDA and on CPU; returns (cuda result, cpu result)."""
-    out_cuda = fn(DEV)
-    torch.cuda.synchronize()
-    return out_cuda, fn(torch.device("cpu"))
+def on_gpu(t):
+    return t.to(DEV)
 
 
 # ---- ops ------------------------------------------------------------------
 
 def check_all_reduce():
-    ops = [R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, "PREMUL"]
-    for dt in DTYPES:
-        for op in ops:
-            if dt == torch.bool and op in (R.AVG, "PREMUL"):
+    n = 1001
+    for dtype in DTYPE_NAMES:
+        for redop in REDOPS:
+            if _cases.redop_error(dtype, redop):
                 continue
-            if op == "PREMUL" and dt not in FLOATS:
-                continue
-            red = dist._make_nccl_premul_sum(0.5) if op == "PREMUL" else op
-
-            def run(d, dt=dt, red=red):
-                t = inp("ar", RANK, 1001, dt).to(d)
-                dist.all_reduce(t, op=red)
-                return t
-            a, b = both(run)
-            if op == R.AVG and dt not in FLOATS:
-                assert (a.cpu().long() - b.long()).abs().max() <= 1, f"all_reduce AVG {dt}"
-            else:
-                same(a, b, f"all_reduce {op} {dt}")
-    for op in (R.BAND, R.BOR):
-        def run_bool(d, op=op):
-            t = inp("bw", RANK, 77, torch.bool).to(d)
-            dist.all_reduce(t, op=op)
-            return t
-        same(*both(run_bool), f"all_reduce {op} bool")
+            xs = [inp(("ar", dtype, redop), q, n, dtype, redop) for q in range(WORLD)]
+            t = on_gpu(xs[RANK])
+            dist.all_reduce(t, op=_cases.make_redop(redop))
+            check_reduced(t, xs, dtype, redop, f"all_reduce {redop} on {dtype}")
+    for redop in ("BAND", "BOR"):
+        xs = [inp(("bw", redop), q, 77, "bool") for q in range(WORLD)]
+        t = on_gpu(xs[RANK])
+        dist.all_reduce(t, op=getattr(R, redop))
+        check_reduced(t, xs, "bool", redop, f"all_reduce {redop} on bool")
 
 
 def check_movement():
     n = 513
-    for dt in (torch.float32, torch.int16, torch.bfloat16, torch.bool):
-        def bc(d):
-            t = inp("bc", RANK, n, dt).to(d)
-            dist.broadcast(t, src=WORLD - 1)
-            return t
-        same(*both(bc), f"broadcast {dt}")
+    root = WORLD - 1
+    for dtype in ("float32", "int16", "bfloat16", "bool", "float16"):
+        def x(key, q, size=n, dtype=dtype):
+            return hostile((key, dtype), q, size, dtype)
+        dt = _cases.tdtype(dtype)
 
-        def ag(d):
-            outs = [torch.empty(n, dtype=dt, device=d) for _ in range(WORLD)]
-            dist.all_gather(outs, inp("ag", RANK, n, dt).to(d))
-            return torch.cat(outs)
-        same(*both(ag), f"all_gather {dt}")
+        t = on_gpu(x("bc", RANK))
+        dist.broadcast(t, src=root)
+        check_moved(t, x("bc", root), f"broadcast {dtype}")
 
-        def agt(d):
-            out = torch.empty(WORLD * n, dtype=dt, device=d)
-            dist.all_gather_into_tensor(out, inp("agt", RANK, n, dt).to(d))
-            return out
-        same(*both(agt), f"all_gather_into_tensor {dt}")
+        outs = [torch.empty(n, dtype=dt, device=DEV) for _ in range(WORLD)]
+        dist.all_gather(outs, on_gpu(x("ag", RANK)))
+        check_moved(torch.cat(outs), torch.cat([x("ag", q) for q in range(WORLD)]),
+                    f"all_gather {dtype}")
 
-        def ga(d):
-            root = 0
-            outs = [torch.empty(n, dtype=dt, device=d) for _ in range(WORLD)] if RANK == root else None
-            dist.gather(inp("ga", RANK, n, dt).to(d), outs, dst=root)
-            return torch.cat(outs) if RANK == root else torch.zeros(1)
-        same(*both(ga), f"gather {dt}")
+        out = torch.empty(WORLD * n, dtype=dt, device=DEV)
+        dist.all_gather_into_tensor(out, on_gpu(x("agt", RANK)))
+        check_moved(out, torch.cat([x("agt", q) for q in range(WORLD)]),
+                    f"all_gather_into_tensor {dtype}")
 
-        def sc(d):
-            root = WORLD - 1
-            ins = [inp("sc", j, n, dt).to(d) for j in range(WORLD)] if RANK == root else None
-            out = torch.empty(n, dtype=dt, device=d)
-            dist.scatter(out, ins, src=root)
-            return out
-        same(*both(sc), f"scatter {dt}")
+        outs = [torch.empty(n, dtype=dt, device=DEV) for _ in range(WORLD)] if RANK == 0 else None
+        dist.gather(on_gpu(x("ga", RANK)), outs, dst=0)
+        if RANK == 0:
+            check_moved(torch.cat(outs), torch.cat([x("ga", q) for q in range(WORLD)]),
+                        f"gather {dtype}")
 
-        def a2a(d):
-            splits_in = [(RANK + j) % 3 + 1 for j in range(WORLD)]  # uneven
-            splits_out = [(j + RANK) % 3 + 1 for j in range(WORLD)]
-            x = inp("a2a", RANK, sum(splits_in) * 3, dt).view(-1, 3).to(d)
-            out = torch.empty(sum(splits_out), 3, dtype=dt, device=d)
-            dist.all_to_all_single(out, x, splits_out, splits_in)
-            return out.flatten()
-        same(*both(a2a), f"all_to_all_single uneven {dt}")
+        ins = [on_gpu(x(("sc", j), root)) for j in range(WORLD)] if RANK == root else None
+        out = torch.empty(n, dtype=dt, device=DEV)
+        dist.scatter(out, ins, src=root)
+        check_moved(out, x(("sc", RANK), root), f"scatter {dtype}")
 
-        def a2al(d):
-            ins = [inp("a2al", RANK * 100 + j, 5 + j, dt).to(d) for j in range(WORLD)]
-            outs = [torch.empty(5 + RANK, dtype=dt, device=d) for _ in range(WORLD)]
-            dist.all_to_all(outs, ins)
-            return torch.cat(outs)
-        same(*both(a2al), f"all_to_all list {dt}")
+        def rows(i, j):  # rows rank i sends to rank j: uneven
+            return (i + 2 * j) % 3 + 1
+        send = [rows(RANK, j) for j in range(WORLD)]
+        recv = [rows(j, RANK) for j in range(WORLD)]
+
+        def a2a_in(q):
+            return x("a2a", q, sum(rows(q, j) for j in range(WORLD)) * 3).view(-1, 3)
+        out = torch.empty(sum(recv), 3, dtype=dt, device=DEV)
+        dist.all_to_all_single(out, on_gpu(a2a_in(RANK)), recv, send)
+        parts = []
+        for q in range(WORLD):
+            off = sum(rows(q, j) for j in range(RANK))
+            parts.append(a2a_in(q)[off:off + rows(q, RANK)])
+        check_moved(out, torch.cat(parts), f"all_to_all_single uneven {dtype}")
+
+        ins = [on_gpu(x(("a2al", j), RANK, 5 + j)) for j in range(WORLD)]
+        outs = [torch.empty(5 + RANK, dtype=dt, device=DEV) for _ in range(WORLD)]
+        dist.all_to_all(outs, ins)
+        check_moved(torch.cat(outs), torch.cat([x(("a2al", RANK), q, 5 + RANK)
+                                                for q in range(WORLD)]),
+                    f"all_to_all list {dtype}")
 
 
 def check_reductions_rooted():
-    for dt in (torch.float32, torch.float16, torch.int64):
-        def rd(d):
-            t = inp("rd", RANK, 300, dt).to(d)
-            dist.reduce(t, dst=0, op=R.SUM)
-            return t if RANK == 0 else torch.zeros(1)
-        same(*both(rd), f"reduce {dt}")
+    n = 300
+    for dtype in ("float32", "float16", "int64"):
+        xs = [inp(("rd", dtype), q, n, dtype) for q in range(WORLD)]
+        t = on_gpu(xs[RANK])
+        dist.reduce(t, dst=0, op=R.SUM)
+        if RANK == 0:
+            check_reduced(t, xs, dtype, "SUM", f"reduce SUM {dtype} at 0")
 
-        def rs(d):
-            ins = [inp("rs", RANK * 10 + j, 64, dt).to(d) for j in range(WORLD)]
-            out = torch.empty(64, dtype=dt, device=d)
-            dist.reduce_scatter(out, ins, op=R.MAX)
-            return out
-        same(*both(rs), f"reduce_scatter list {dt}")
+        ins = [[inp(("rs", dtype, j), q, 64, dtype) for j in range(WORLD)] for q in range(WORLD)]
+        out = torch.empty(64, dtype=_cases.tdtype(dtype), device=DEV)
+        dist.reduce_scatter(out, [on_gpu(t) for t in ins[RANK]], op=R.MAX)
+        check_reduced(out, [ins[q][RANK] for q in range(WORLD)], dtype, "MAX",
+                      f"reduce_scatter list MAX {dtype}")
 
-        def rst(d):
-            out = torch.empty(64, dtype=dt, device=d)
-            dist.reduce_scatter_tensor(out, inp("rst", RANK, 64 * WORLD, dt).to(d), op=R.SUM)
-            return out
-        same(*both(rst), f"reduce_scatter_tensor {dt}")
+        full = [inp(("rst", dtype), q, 64 * WORLD, dtype) for q in range(WORLD)]
+        out = torch.empty(64, dtype=_cases.tdtype(dtype), device=DEV)
+        dist.reduce_scatter_tensor(out, on_gpu(full[RANK]), op=R.SUM)
+        check_reduced(out, [f[64 * RANK:64 * (RANK + 1)] for f in full], dtype, "SUM",
+                      f"reduce_scatter_tensor SUM {dtype}")
 
 
 def check_p2p():
     if WORLD == 1:
         return
     nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
-    for d in (DEV,):
-        x = inp("p2p", RANK, 1000, torch.float32).to(d)
-        got = torch.empty(1000, device=d)
-        if RANK % 2 == 0:
-            dist.send(x, nxt)
-            dist.recv(got, prv)
-        else:
-            dist.recv(got, prv)
-            dist.send(x, nxt)
-        same(got, inp("p2p", prv, 1000, torch.float32), "send/recv ring")
-        # batched, as one NCCL group
-        got2 = torch.empty(1000, device=d)
-        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, got2, prv)])
-        for q in reqs:
-            q.wait()
-        same(got2, inp("p2p", prv, 1000, torch.float32), "batch_isend_irecv")
+    x = on_gpu(hostile("p2p", RANK, 1000, "float32"))
+    got = torch.empty(1000, device=DEV)
+    if RANK % 2 == 0:
+        dist.send(x, nxt)
+        dist.recv(got, prv)
+    else:
+        dist.recv(got, prv)
+        dist.send(x, nxt)
+    check_moved(got, hostile("p2p", prv, 1000, "float32"), "send/recv ring")
+    # batched, as one NCCL group
+    got2 = torch.empty(1000, device=DEV)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, got2, prv)])
+    for q in reqs:
+        q.wait()
+    check_moved(got2, hostile("p2p", prv, 1000, "float32"), "batch_isend_irecv")
 
 
 def check_semantics():
@@ -347,13 +353,58 @@ def scenario_timeout():
         store.set("timeout/done", "1")
 
 
+def scenario_selfcheck():
+    """The references and comparisons `ops` relies on, without a GPU: a
+    right result (the ranks combined in reverse order, or rounded every
+    step as NCCL may) passes; a wrong AVG divisor, a dropped rank, a lost
+    NaN payload or a flipped sign bit fails."""
+    for world in (2, 3, 4):
+        for dtype in DTYPE_NAMES:
+            for redop in REDOPS:
+                if _cases.redop_error(dtype, redop):
+                    continue
+                xs = [inp(("self", dtype, redop), q, 1001, dtype, redop) for q in range(world)]
+                what = f"selfcheck W={world} {redop} on {dtype}"
+                check_reduced(_cases.ref_reduce(xs[::-1], dtype, redop), xs, dtype, redop, what)
+                if dtype in ("float16", "bfloat16"):
+                    check_reduced(_cases.ref_reduce(xs[::-1], dtype, redop, accumulate=dtype),
+                                  xs, dtype, redop, what + " (rounded every step)")
+                wrong = [_cases.ref_reduce(xs[:-1], dtype, redop)]  # a rank left out
+                if redop == "AVG" and dtype in FLOAT_NAMES:
+                    total = _cases.ref_reduce(xs, dtype, "SUM").double()
+                    wrong.append((total / (world - 1)).to(_cases.tdtype(dtype)))
+                for bad in wrong:
+                    try:
+                        check_reduced(bad, xs, dtype, redop, what + " (wrong result)")
+                    except AssertionError:
+                        continue
+                    raise AssertionError(f"{what}: a wrong result passed the check")
+    for dtype in ("float32", "int16", "bfloat16", "bool", "float16"):
+        x = hostile("self", 0, 513, dtype)
+        check_moved(x.clone(), x, f"selfcheck moved {dtype}")
+        bits = _cases.bits_of(x).clone()
+        if dtype in FLOAT_NAMES:  # another NaN payload: equal as a value, not as bits
+            bits[torch.isnan(x).nonzero()[0, 0]] ^= 4
+        else:
+            bits[bits.numel() // 2] ^= 1
+        bad = bits.view(x.dtype)
+        try:
+            check_moved(bad, x, f"selfcheck moved {dtype} (one bit flipped)")
+        except AssertionError:
+            continue
+        raise AssertionError(f"selfcheck moved {dtype}: a flipped bit passed the check")
+
+
 def init(**kw):
     torch.cuda.set_device(0)
     dist.init_process_group("tccomm", **kw)
 
 
 def main():
+    global RANK, WORLD
     scenario, outdir = sys.argv[1], sys.argv[2]
+    RANK = int(os.environ.get("RANK", "0"))
+    WORLD = int(os.environ.get("WORLD_SIZE", "1"))
     status = "ok"
     try:
         globals()[f"scenario_{scenario}"]()

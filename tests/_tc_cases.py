@@ -313,7 +313,7 @@ def timeout_makes_comm_unusable(comm, rank, size):
         try:
             sub.all_reduce(torch.ones(2), tc.ReduceOp.SUM, async_op=False, timeout=1)
         except dist.DistBackendError as e:
-            assert "timed out" in str(e) and "all_reduce" in str(e) and "[timeout 1000 ms]" in str(e), e
+            assert "timed out" in str(e) and "all_reduce" in str(e) and "[op timeout 1000 ms]" in str(e), e
         else:
             raise AssertionError("all_reduce without the other ranks did not time out")
         try:

@@ -30,17 +30,10 @@
 
 #include "cuda.h"
 #include "internal.h"
+#include "p2p_frame.h"
 
-#define P2P_MAGIC 0x74637032u /* "tcp2" */
 #define COLL_POLL_NS (5 * 1000 * 1000LL)               /* 5 ms */
 #define COLL_POLL_WINDOW_NS (2000 * 1000 * 1000LL) /* 2 s */
-
-typedef struct p2p_header {
-  uint32_t magic;
-  uint32_t reserved;
-  uint64_t tag;
-  uint64_t bytes;
-} p2p_header_t;
 
 /* A message that arrived before its receive was posted. */
 typedef struct unexpected_msg {
@@ -57,7 +50,7 @@ typedef struct peer_state {
   tcc_op_t *recv_head, *recv_tail; /* posted, unmatched receives */
   unexpected_msg_t *unexp_head, *unexp_tail;
   /* incoming message being read */
-  p2p_header_t in_hdr;
+  tcc_p2p_frame_t in_hdr;
   size_t in_hdr_got;
   int in_payload;          /* 1 while reading a payload */
   char *in_dst;            /* where the payload goes (NULL: discard) */
@@ -133,7 +126,7 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   /* Transports do not know the op's own timeout (per-op or the default). */
   if (r == TCC_ERR_TIMEOUT) {
     size_t len = strlen(err.msg);
-    snprintf(err.msg + len, sizeof err.msg - len, " [timeout %lld ms]", (long long)op->timeout_ms);
+    snprintf(err.msg + len, sizeof err.msg - len, " [op timeout %lld ms]", (long long)op->timeout_ms);
   }
   /* A mismatch is detected by every rank before data moves, so the
    * communicator stays usable; anything else leaves ranks out of step. */
@@ -347,15 +340,16 @@ static ssize_t progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
   ssize_t moved = 0;
   while (ps->send_head) {
     tcc_op_t *op = ps->send_head;
-    size_t total = sizeof(p2p_header_t) + op->bytes;
+    size_t total = sizeof(tcc_p2p_frame_t) + op->bytes;
     while (op->done_bytes < total) {
       ssize_t n;
-      if (op->done_bytes < sizeof(p2p_header_t)) {
-        p2p_header_t h = {P2P_MAGIC, 0, op->tag, op->bytes};
+      if (op->done_bytes < sizeof(tcc_p2p_frame_t)) {
+        tcc_p2p_frame_t h;
+        tcc_p2p_frame_make(&h, op->tag, op->bytes);
         n = comm->ops->p2p_write(comm, peer, (char *)&h + op->done_bytes,
                                  sizeof h - op->done_bytes, err);
       } else {
-        size_t off = op->done_bytes - sizeof(p2p_header_t);
+        size_t off = op->done_bytes - sizeof(tcc_p2p_frame_t);
         n = comm->ops->p2p_write(comm, peer, (char *)op->buf + off, op->bytes - off, err);
       }
       if (n < 0) return -1;
@@ -383,11 +377,7 @@ static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
       moved += n;
       ps->in_hdr_got += (size_t)n;
       if (ps->in_hdr_got < sizeof ps->in_hdr) continue;
-      if (ps->in_hdr.magic != P2P_MAGIC) {
-        tcc_err_set(err, TCC_ERR_REMOTE, "tccomm p2p on '%s' (rank %d): corrupt stream from rank %d",
-                    comm->name, comm->rank, peer);
-        return -1;
-      }
+      if (tcc_p2p_frame_check(comm, peer, &ps->in_hdr, err) != TCC_OK) return -1;
       ps->in_hdr_got = 0;
       ps->in_payload = 1;
       size_t bytes = (size_t)ps->in_hdr.bytes;

@@ -372,7 +372,7 @@ static void timeout_test(tcc_comm_t *comm) {
   CHECK(r == TCC_ERR_TIMEOUT, "timeout gave %s", tcc_result_string(r));
   CHECK(strstr(msg, "allreduce") && strstr(msg, "rank(s) 1") && strstr(msg, "timeout-group"), "message: %s", msg);
   /* The message gives the op's own timeout (the group's 500 ms here). */
-  CHECK(strstr(msg, "[timeout 500 ms]"), "message without the op's timeout: %s", msg);
+  CHECK(strstr(msg, "[op timeout 500 ms]"), "message without the op's timeout: %s", msg);
   CHECK(secs > 0.4 && secs < 5, "timed out after %.2f s", secs);
   CHECK(tcc_comm_status(comm) == TCC_ERR_TIMEOUT, "comm status after timeout");
 }

@@ -21,6 +21,7 @@
 
 #include "check.h"
 #include "group.h"
+#include "p2p_frame.h"
 
 /* Sanitizers slow everything down (and exits most): their runs set
  * TCC_TEST_SLOW and get a wider bound. */
@@ -141,6 +142,48 @@ static void bounded_wait(tcc_comm_t *comm) {
   tcc_op_release(op);
 }
 
+/* Rank 1 puts a frame header on its p2p stream to rank 0 whose length was
+ * damaged after its check word was computed (a terabyte instead of 100
+ * bytes): rank 0's receives fail at once, naming rank 1 and the corrupt
+ * stream, without allocating or waiting for the named length. */
+static void corrupt_p2p_stream(tcc_comm_t *comm) {
+  if (tcc_comm_rank(comm) == 1) {
+    tcc_p2p_frame_t f;
+    tcc_p2p_frame_make(&f, 5, 100);
+    f.bytes = 1ull << 40;
+    tcc_err_t err = {TCC_OK, {0}};
+    size_t sent = 0;
+    while (sent < sizeof f) {
+      ssize_t n = comm->ops->p2p_write(comm, 0, (const char *)&f + sent, sizeof f - sent, &err);
+      CHECK(n >= 0, "writing the damaged header: %s", err.msg);
+      sent += (size_t)(n > 0 ? n : 0);
+    }
+  }
+  float x[4] = {0};
+  char bar = 0;
+  tcc_buf_t b = {&bar, 1, TCC_UINT8, -1, NULL};
+  if (tcc_comm_rank(comm) == 0) {
+    for (int attempt = 0; attempt < 2; attempt++) { /* the stream stays refused */
+      tcc_op_t *op;
+      double t0 = now_s();
+      CHECK(tcc_recv(comm, f32(x, 4), 1, 5, NULL, &op) == TCC_OK, "issue");
+      tcc_result_t r = tcc_op_wait(op, -1);
+      double dt = now_s() - t0;
+      CHECK(r == TCC_ERR_REMOTE, "receive from a corrupt stream gave %s", tcc_result_string(r));
+      CHECK(strstr(tcc_op_error(op), "corrupt stream from rank 1") && strstr(tcc_op_error(op), "'faults-group'") &&
+                strstr(tcc_op_error(op), "(rank 0)"),
+            "error does not name the group, the rank and the peer: %s", tcc_op_error(op));
+      CHECK(dt < within_s(1.0), "the error took %.2f s", dt);
+      tcc_op_release(op);
+    }
+  }
+  /* The group's collectives are untouched: a barrier-like allreduce. */
+  tcc_op_t *op;
+  CHECK(tcc_allreduce(comm, b, b, TCC_MAX, NULL, &op) == TCC_OK, "issue the allreduce");
+  CHECK(tcc_op_wait(op, -1) == TCC_OK, "allreduce after the corrupt stream: %s", tcc_op_error(op));
+  tcc_op_release(op);
+}
+
 int main(int argc, char **argv) {
   const char *transports[] = {"shm", "tcp"};
   struct {
@@ -152,6 +195,7 @@ int main(int argc, char **argv) {
       {"destroy from another thread", destroy_from_other_thread},
       {"abort from another thread", abort_from_other_thread},
       {"bounded wait", bounded_wait},
+      {"corrupt p2p stream", corrupt_p2p_stream},
   };
   alarm(300); /* a hang fails the test instead of blocking CI */
   signal(SIGCHLD, SIG_DFL);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "p2p_frame.h"
 #include "shm.h"
 #include "tcp.h"
 #include "window.h"
@@ -244,6 +245,29 @@ static void gen_segment(void) {
   segment_seed("not-ready", 0x0d, 0, 4096, 0, "");
 }
 
+/* ---- point-to-point frame headers ---- */
+
+static void frame_seed(const char *name, uint64_t tag, uint64_t bytes, int broken_field) {
+  out_t o = {.len = 0};
+  tcc_p2p_frame_t f;
+  for (int i = 0; i < 3; i++) { /* a stream of three frames, the last one bad */
+    tcc_p2p_frame_make(&f, tag + (uint64_t)i, bytes);
+    if (i == 2 && broken_field == 1) f.magic ^= 1;
+    if (i == 2 && broken_field == 2) f.bytes += 1; /* length damaged, check word not */
+    if (i == 2 && broken_field == 3) tcc_p2p_frame_make(&f, tag, TCC_P2P_FRAME_MAX_BYTES + 1);
+    put(&o, &f, sizeof f);
+  }
+  save("p2p_frame", name, &o);
+}
+
+static void gen_p2p_frame(void) {
+  frame_seed("valid", 7, 1024, 0);
+  frame_seed("empty-payloads", 0, 0, 0);
+  frame_seed("bad-magic", 7, 1024, 1);
+  frame_seed("damaged-length", 7, 1024, 2);
+  frame_seed("impossible-length", 7, 1024, 3);
+}
+
 int main(void) {
   gen_blob();
   gen_tcp_hello();
@@ -251,5 +275,6 @@ int main(void) {
   gen_shm_header();
   gen_window();
   gen_segment();
+  gen_p2p_frame();
   return 0;
 }
