@@ -17,6 +17,11 @@ The result links against c10 and torch_cpu only (no torch_python, no
 binding library) with an rpath to torch/lib; with torch's CUDA build also
 against c10_cuda, torch_cuda and cudart (see cuda_build_config()). NCCL is not
 linked: the core finds the copy torch loaded at run time.
+
+TCCOMM_BUILD_VARIANT picks a test build that is never shipped: the shipped
+flags plus those of VARIANT_FLAGS below. Build it out of tree
+(setup.py build_ext --build-lib DIR --build-temp DIR/tmp), as the scripts
+that use it do.
 """
 
 import glob
@@ -125,6 +130,25 @@ def cuda_build_config():
     lib_dirs = [d for d in (os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")) if os.path.isdir(d)]
     return {"includes": [nccl_include, os.path.join(cuda_home, "include")], "lib_dirs": lib_dirs}, ""
 
+
+# Test builds (TCCOMM_BUILD_VARIANT), each the shipped flags plus these:
+#   mutant  the C core's deliberate bugs, chosen at run time by
+#           TCCOMM_MUTATION (csrc/c_core/src/mutation.h;
+#           scripts/mutation_check.sh);
+#   asan    AddressSanitizer + UBSan in the core and the shim, any report
+#           fatal (scripts/asan_pytest.sh; needs libasan preloaded).
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1"]
+VARIANT_FLAGS = {  # name: (C flags, C++ flags, link flags)
+    "": ([], [], []),
+    "mutant": (["-DTCC_MUTATIONS"], [], []),
+    "asan": (SANITIZE, SANITIZE, ["-fsanitize=address,undefined"]),
+}
+VARIANT = os.environ.get("TCCOMM_BUILD_VARIANT", "")
+if VARIANT not in VARIANT_FLAGS:
+    raise SystemExit(f"tccomm: unknown TCCOMM_BUILD_VARIANT {VARIANT!r} (known: {sorted(VARIANT_FLAGS)[1:]})")
+C_FLAGS += VARIANT_FLAGS[VARIANT][0]
+CXX_FLAGS += VARIANT_FLAGS[VARIANT][1]
+LINK_FLAGS += VARIANT_FLAGS[VARIANT][2]
 
 CUDA, NO_CUDA_REASON = cuda_build_config()
 LIBRARY_DIRS = [TORCH_LIB]

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "mutation.h"
 
 const char *tcc_coll_name(tcc_coll_kind_t kind) {
   switch (kind) {
@@ -67,6 +68,7 @@ static const uint64_t *alltoall_counts(const void *const *descs, int r) {
 
 tcc_result_t tcc_coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
                                  const void *const *descs, tcc_err_t *err) {
+  if (TCC_MUTANT(MISMATCH_UNCHECKED)) return TCC_OK; /* MUTATION SITE */
   const int n = comm->size;
   const tcc_coll_desc_t *mine = desc_at(descs, comm->rank);
   const char *op = tcc_coll_name(c->kind);

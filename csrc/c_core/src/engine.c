@@ -30,6 +30,7 @@
 
 #include "cuda.h"
 #include "internal.h"
+#include "mutation.h"
 #include "p2p_frame.h"
 
 #define COLL_POLL_NS (5 * 1000 * 1000LL)               /* 5 ms */
@@ -119,7 +120,11 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   }
   tcc_err_t err = {TCC_OK, {0}};
   op->deadline_ns = tcc_deadline_after_ms(op->timeout_ms);
+  tcc_coll_t *c = &op->coll; /* for the mutation sites */
+  if (TCC_MUTANT(BROADCAST_WRONG_ROOT) && c->kind == TCC_COLL_BROADCAST) c->root = (c->root + 1) % comm->size; /* MUTATION SITE */
+  if (TCC_MUTANT(REDUCE_SCATTER_SWAP) && c->kind == TCC_COLL_REDUCE_SCATTER && comm->size > 1) { void *t = c->sends[0]; c->sends[0] = c->sends[1]; c->sends[1] = t; } /* MUTATION SITE */
   tcc_result_t r = comm->ops->run_collective(comm, &op->coll, op->seq, op->deadline_ns, &err);
+  if (TCC_MUTANT(ALLGATHER_CORRUPT_BYTE) && r == TCC_OK && c->kind == TCC_COLL_ALLGATHER && c->count) ((unsigned char *)c->recvs[(comm->rank + 1) % comm->size])[c->count * tcc_dtype_size(c->dtype) / 2] ^= 1; /* MUTATION SITE */
   if (r != TCC_OK && err.msg[0] == 0)
     tcc_err_set(&err, r, "tccomm %s on '%s' (rank %d) failed: %s", tcc_coll_name(op->coll.kind),
                 comm->name, comm->rank, tcc_result_string(r));
@@ -254,6 +259,7 @@ static void start_payload_into_recv(tcc_engine_t *e, peer_state_t *ps, tcc_op_t 
 
 /* Matches a posted receive against buffered arrivals. Returns 1 if done. */
 static int match_unexpected(tcc_engine_t *e, peer_state_t *ps, tcc_op_t *op) {
+  if (TCC_MUTANT(P2P_TAG_IGNORED) && ps->unexp_head && ps->unexp_head != ps->in_unexp) op->tag = ps->unexp_head->tag; /* MUTATION SITE */
   unexpected_msg_t *prev = NULL;
   for (unexpected_msg_t *m = ps->unexp_head; m; prev = m, m = m->next) {
     if (m->tag != op->tag || m == ps->in_unexp) continue;
@@ -300,6 +306,7 @@ static tcc_op_t *take_any_recv(tcc_engine_t *e, uint64_t tag) {
  * of that peer's first matching receive and the first matching any-source
  * one (the other stays posted). Unlinked; NULL if none. */
 static tcc_op_t *take_recv_for(tcc_engine_t *e, peer_state_t *ps, int peer, uint64_t tag) {
+  if (TCC_MUTANT(P2P_TAG_IGNORED) && ps->recv_head) tag = ps->recv_head->tag; /* MUTATION SITE */
   tcc_op_t *mine = NULL, *any = NULL;
   for (tcc_op_t *op = ps->recv_head; op && !mine; op = op->next)
     if (op->tag == tag) mine = op;

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "mutation.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -482,5 +483,6 @@ void tcc_reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count,
     kernels = choose_kernels();
     atomic_store_explicit(&active_kernels, kernels, memory_order_release);
   }
+  if (TCC_MUTANT(AVG_DIVISOR) && op == TCC_AVG) op = TCC_SUM; /* MUTATION SITE: divisor 1 */
   kernels[dtype](dst, srcs, nsrc, count, op, premul);
 }

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mutation.h"
 #include "shm.h"
 
 #define HEADER_BYTES TCC_SEGMENT_HEAD_BYTES
@@ -246,7 +247,8 @@ static tcc_result_t barrier_timeout(tcc_comm_t *comm, shm_state_t *st, const cha
 
 tcc_result_t tcc_shm_barrier(tcc_comm_t *comm, shm_state_t *st, int64_t deadline_ns, const char *what,
                              uint64_t seq, tcc_err_t *err) {
-  const int n = comm->size;
+  int n = comm->size;
+  if (TCC_MUTANT(BARRIER_SKIP_PEER) && strcmp(what, "barrier") == 0) n--; /* MUTATION SITE */
   const uint64_t stage = ++st->stage;
   shm_header_t *h = st->hdr;
   atomic_store(&shm_ctrl(st, comm->rank)->arrive, stage);

@@ -194,7 +194,7 @@ static tcc_result_t reduce_one_shot(tcc_comm_t *comm, shm_state_t *st, const tcc
   const size_t bytes = c->count * tcc_dtype_size(c->dtype);
   const int parity = shm_next_parity(st);
   tcc_coll_desc_fill(c, seq, n, shm_desc(st, me, parity));
-  memcpy(shm_in(st, me, parity), c->send, bytes);
+  if (bytes) memcpy(shm_in(st, me, parity), c->send, bytes); /* an empty tensor may have no data pointer */
   tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
   if (r != TCC_OK) return r;
   if (c->kind == TCC_COLL_ALLREDUCE || me == c->root) {

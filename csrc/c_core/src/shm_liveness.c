@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "mutation.h"
 #include "shm.h"
 
 #define CHECK_EVERY_NS (100 * 1000000LL)
@@ -75,6 +76,7 @@ void tcc_shm_liveness_stop(tcc_comm_t *comm, shm_state_t *st) {
 tcc_result_t tcc_shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bool now, const char *what,
                                 tcc_err_t *err) {
   if (peer == comm->rank || st->lock_fd < 0) return TCC_OK;
+  if (TCC_MUTANT(DEAD_PEER_UNREPORTED)) return TCC_OK; /* MUTATION SITE */
   int64_t t = tcc_now_ns();
   /* The collective runner and the p2p thread both check: relaxed atomics,
    * a check more or less does not matter. */
