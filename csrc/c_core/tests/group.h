@@ -70,7 +70,7 @@ static int __attribute__((unused)) run_group(int n, const char *spec, int64_t ti
     if (strcmp(spec, "shm-hosts") == 0 || strcmp(spec, "shm-shmdirs") == 0) {
       const char *why = fake_hosts ? "different hosts" : "do not share /dev/shm";
       CHECK(created == TCC_ERR_INVALID && strstr(err, why), "%s: %s", spec, err);
-      _exit(check_failures ? 1 : 0);
+      rank_exit(check_failures ? 1 : 0);
     }
     if (created != TCC_OK) {
       fprintf(stderr, "rank %d create: %s\n", r, err);
@@ -80,7 +80,7 @@ static int __attribute__((unused)) run_group(int n, const char *spec, int64_t ti
           tcc_comm_transport_name(comm), expected);
     if (fn) fn(comm);
     if (!group_comm_destroyed) tcc_comm_destroy(comm);
-    _exit(check_failures ? 1 : 0);
+    rank_exit(check_failures ? 1 : 0);
   }
   int failed = 0;
   for (int r = 0; r < n; r++) {

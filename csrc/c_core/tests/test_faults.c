@@ -61,7 +61,7 @@ static void peer_exits(tcc_comm_t *comm, int forked) {
       sleep(4); /* a DataLoader worker, say: alive long after its parent */
       _exit(0);
     }
-    _exit(check_failures ? 1 : 0);
+    _exit(check_failures ? 1 : 0); /* gone without destroying: what a crash leaves */
   }
   double t0 = now_s();
   tcc_result_t r = allreduce_wait(comm, x, 1000, msg, sizeof msg);

@@ -126,7 +126,7 @@ static int run_group(int n, tcc_transport_t transport, rank_fn fn) {
     }
     fn(comm);
     tcc_comm_destroy(comm);
-    _exit(check_failures ? 1 : 0);
+    rank_exit(check_failures ? 1 : 0);
   }
   int failed = 0;
   for (int r = 0; r < n; r++) {
