@@ -15,12 +15,17 @@ no synchronize inside the loop), tccomm against nccl: the target is at most
 0.7x of ProcessGroupNCCL's host time.
 
 For every world size the script spawns that many processes on this machine.
-Each process creates a tccomm group (the default group) and a gloo group over
-the same ranks, and every (op, size) point is measured on both, one after the
-other: warm-up, then timed iterations (fewer as the size grows, aiming at
---time-per-point seconds per point). The time of a point is the slowest
-rank's average time per iteration, in microseconds, as in nccl-tests; algbw
-is size / time and busbw = algbw x factor:
+Each process creates a tccomm group (the default group), a gloo group over
+the same ranks, and a second gloo group that is never measured (barriers
+between timed batches, agreement on results). Every (op, size) point is first
+verified on both backends: rank-dependent small-integer inputs, one run, the
+output compared exactly with a plain-torch reference built from all ranks'
+inputs; a wrong result on any rank aborts the run. Then warm-up, calibration
+and --samples timed batches per backend (together about --time-per-point
+seconds), the backends' order rotating from point to point and from batch to
+batch. A batch's time is the slowest rank's average time per iteration, as in
+nccl-tests; a point reports the median batch and the spread (max - min) /
+median, in microseconds; algbw is size / time and busbw = algbw x factor:
 
     allreduce 2(n-1)/n   allgather, reduce_scatter, alltoall (n-1)/n   broadcast 1
 
@@ -80,7 +85,51 @@ def human(nbytes: int) -> str:
 # ---------------------------------------------------------------------------
 
 
+def rank_input(torch, rank: int, count: int):
+    """Rank `rank`'s input: small positive integers, so that sums over any
+    realistic number of ranks are exact in float32 and a block that lands at
+    the wrong place or from the wrong rank shows up as a wrong value."""
+    return ((torch.arange(count, dtype=torch.int64) + 3 * rank) % 17 + 1).to(torch.float32)
+
+
+def expected_output(torch, op: str, rank: int, world: int, count: int, per: int):
+    """The result rank `rank` must hold after one `op`, computed with plain
+    torch from the inputs every rank was given (rank_input)."""
+    if op == "allreduce":
+        return sum(rank_input(torch, r, count) for r in range(world))
+    if op == "broadcast":
+        return rank_input(torch, 0, count)
+    if op == "allgather":
+        return torch.cat([rank_input(torch, r, per) for r in range(world)])
+    mine = slice(rank * per, (rank + 1) * per)
+    if op == "reduce_scatter":
+        return sum(rank_input(torch, r, per * world)[mine] for r in range(world))
+    if op == "alltoall":
+        return torch.cat([rank_input(torch, r, per * world)[mine] for r in range(world)])
+    raise ValueError(op)
+
+
+def mismatch(torch, got, want) -> str:
+    """'' when got equals want exactly, else where and how they differ."""
+    got = got.cpu()
+    if got.shape == want.shape and torch.equal(got, want):
+        return ""
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    bad = (got != want).nonzero().flatten()
+    i = int(bad[0])
+    return (f"{bad.numel()} of {want.numel()} elements differ, first at index {i}: "
+            f"{got[i].item()} instead of {want[i].item()}")
+
+
+def rotated(items: list, k: int) -> list:
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
 def worker(args) -> None:
+    import statistics
+
     import torch
     import torch.distributed as dist
 
@@ -100,40 +149,75 @@ def worker(args) -> None:
     groups = {backends[0]: None}
     for b in backends[1:]:
         groups[b] = dist.new_group(list(range(world)), backend=b)
-    # Results are agreed on over a group that is not being measured right now.
-    ctl = groups[backends[-1]] if len(backends) > 1 else None
+    # A gloo group of its own, never measured: barriers between timed batches
+    # and the agreement on results go through it, so no backend's own barrier
+    # or latency enters another backend's figures.
+    ctl = dist.new_group(list(range(world)), backend="gloo")
 
     ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
     def make(op, size_bytes):
-        """Returns (fn, actual size in bytes) for one iteration of `op`."""
+        """Returns (fn, reset, output, actual size in bytes, per-rank block):
+        fn runs one iteration of `op`, reset refills the inputs with this
+        rank's rank_input, output is the tensor to verify after one fn."""
         count = max(1, size_bytes // ELEM)
-        zeros = lambda n: torch.zeros(n, device=device)  # noqa: E731
-        empty = lambda n: torch.empty(n, device=device)  # noqa: E731
-        if op == "allreduce":
-            t = zeros(count)
-            return (lambda g: dist.all_reduce(t, group=g)), count * ELEM
-        if op == "broadcast":
-            t = zeros(count)
-            return (lambda g: dist.broadcast(t, src=0, group=g)), count * ELEM
         per = max(1, count // world)
+        n_in = {"allreduce": count, "broadcast": count, "allgather": per}.get(op, per * world)
+        inp = torch.empty(n_in, device=device)
+
+        def reset():
+            inp.copy_(rank_input(torch, rank, n_in))
+        if op == "allreduce":
+            return (lambda g: dist.all_reduce(inp, group=g)), reset, inp, count * ELEM, per
+        if op == "broadcast":
+            return (lambda g: dist.broadcast(inp, src=0, group=g)), reset, inp, count * ELEM, per
         if op == "allgather":
-            inp, out = zeros(per), empty(per * world)
-            return (lambda g: ag(out, inp, group=g)), per * world * ELEM
+            out = torch.empty(per * world, device=device)
+            return (lambda g: ag(out, inp, group=g)), reset, out, per * world * ELEM, per
         if op == "reduce_scatter":
-            inp, out = zeros(per * world), empty(per)
-            return (lambda g: rs(out, inp, group=g)), per * world * ELEM
+            out = torch.empty(per, device=device)
+            return (lambda g: rs(out, inp, group=g)), reset, out, per * world * ELEM, per
         if op == "alltoall":
-            inp, out = zeros(per * world), empty(per * world)
-            return (lambda g: dist.all_to_all_single(out, inp, group=g)), per * world * ELEM
+            out = torch.empty(per * world, device=device)
+            return ((lambda g: dist.all_to_all_single(out, inp, group=g)), reset, out,
+                    per * world * ELEM, per)
         raise ValueError(op)
 
     def agree_max(value: float) -> float:
-        # On the device: nccl (the control group in CUDA mode) moves CUDA tensors only.
-        t = torch.tensor([value], dtype=torch.float64, device=device)
+        t = torch.tensor([value], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctl)
         return float(t.item())
+
+    def verify(b, op, actual, fn, reset, output, per) -> None:
+        """Runs `op` once on backend b from known inputs and compares every
+        rank's output with the plain-torch reference; any wrong rank stops
+        every rank (agreed over ctl, so no rank is left waiting in a
+        collective), before a figure of b for this point is recorded."""
+        output.fill_(-1.0)  # rank_input is never negative: stale data cannot pass
+        reset()  # after the fill: allreduce and broadcast work in place
+        sync()
+        fn(groups[b])
+        sync()
+        want = expected_output(torch, op, rank, world, actual // ELEM, per)
+        problem = mismatch(torch, output, want)
+        if problem:
+            print(f"WRONG RESULT: backend {b}, op {op}, size {human(actual)}, "
+                  f"{world} ranks, rank {rank}: {problem}", file=sys.stderr, flush=True)
+        if agree_max(1.0 if problem else 0.0):
+            raise SystemExit(f"rank {rank}: backend {b} computed a wrong {op} of "
+                             f"{human(actual)} on {world} ranks; benchmark aborted")
+
+    def timed_batch(g, fn, iters: int) -> float:
+        """Slowest rank's seconds per iteration over one batch; the ranks
+        start together at a barrier of the neutral group."""
+        sync()
+        dist.barrier(group=ctl)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn(g)
+        sync()
+        return agree_max((time.perf_counter() - t0) / iters)
 
     def record(row: dict) -> None:
         if out:
@@ -146,48 +230,53 @@ def worker(args) -> None:
     while s <= args.max_bytes:
         sizes.append(s)
         s *= 2
+    point = 0
     for op in args.ops.split(","):
         for size in sizes:
-            fn, actual = make(op, size)
+            fn, reset, output, actual, per = make(op, size)
             if actual != size:  # under one element per rank: no such point
                 continue
+            point += 1
+            # Which backend goes first changes from point to point and from
+            # batch to batch, so neither always meets a cold (or warm) cache.
+            for b in rotated(backends, point):
+                verify(b, op, actual, fn, reset, output, per)
+            iters = {}
+            for b in rotated(backends, point + 1):
+                for _ in range(args.warmup):
+                    fn(groups[b])
+                one = timed_batch(groups[b], fn, 1)
+                batch_seconds = args.time_per_point / args.samples
+                iters[b] = int(min(args.max_iters, max(args.min_iters,
+                                                       batch_seconds / max(one, 1e-7))))
+            samples = {b: [] for b in backends}
+            for k in range(args.samples):
+                for b in rotated(backends, point + k):
+                    samples[b].append(timed_batch(groups[b], fn, iters[b]))
             row = {}
             for b in backends:
-                g = groups[b]
-                for _ in range(args.warmup):
-                    fn(g)
-                sync()
-                # calibrate: iterations for about --time-per-point seconds
-                dist.barrier(group=g)
-                sync()
-                t0 = time.perf_counter()
-                fn(g)
-                sync()
-                one = agree_max(time.perf_counter() - t0)
-                iters = int(min(args.max_iters, max(args.min_iters,
-                                                    args.time_per_point / max(one, 1e-7))))
-                dist.barrier(group=g)
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn(g)
-                sync()
-                elapsed = (time.perf_counter() - t0) / iters
-                elapsed = agree_max(elapsed)
-                row[b] = (elapsed, iters)
-                algbw = actual / elapsed / 1e9
+                med = statistics.median(samples[b])
+                lo, hi = min(samples[b]), max(samples[b])
+                row[b] = (med, lo, hi)
+                algbw = actual / med / 1e9
                 record({"world": world, "backend": b, "device": args.device, "op": op,
                         "bytes": actual, "count": actual // ELEM, "dtype": "float32",
-                        "iters": iters, "time_us": elapsed * 1e6, "algbw_GBps": algbw,
-                        "busbw_GBps": algbw * FACTOR[op](world)})
+                        "iters": iters[b], "samples": args.samples, "time_us": med * 1e6,
+                        "time_min_us": lo * 1e6, "time_max_us": hi * 1e6,
+                        "spread_pct": 100 * (hi - lo) / med, "verified": True,
+                        "algbw_GBps": algbw, "busbw_GBps": algbw * FACTOR[op](world)})
             if rank == 0:
-                cells = "  ".join(f"{b}: {row[b][0] * 1e6:10.1f} us" for b in backends)
+                # median, and (max - min) / median of the batches
+                cells = "  ".join(f"{b}: {row[b][0] * 1e6:10.1f} us "
+                                  f"({100 * (row[b][2] - row[b][1]) / row[b][0]:5.1f}%)"
+                                  for b in backends)
                 ratio = ""
                 if len(backends) > 1:
                     ratio = f"  ratio {row[backends[1]][0] / row[backends[0]][0]:6.2f}x"
                 print(f"  n={world} {op:15s} {human(actual):>9s}  {cells}{ratio}", flush=True)
     if cuda and world == 1:
-        host = {b: host_time_per_call(dist, torch, device, groups[b], args) for b in backends}
+        host = {b: host_time_per_call(dist, torch, device, b, groups[b], args)
+                for b in rotated(backends, point + 1)}
         for b, secs in host.items():
             record({"world": world, "backend": b, "device": "cuda", "op": HOST_OP,
                     "bytes": args.host_count * ELEM, "count": args.host_count, "dtype": "float32",
@@ -196,20 +285,29 @@ def worker(args) -> None:
         if rank == 0:
             cells = "  ".join(f"{b}: {host[b] * 1e6:8.2f} us" for b in backends)
             print(f"  host time per eager all_reduce ({args.host_count} floats): {cells}", flush=True)
-    dist.barrier()
+    dist.barrier(group=ctl)
     dist.destroy_process_group()
 
 
 HOST_OP = "allreduce_host_time"
 
 
-def host_time_per_call(dist, torch, device, group, args) -> float:
+def host_time_per_call(dist, torch, device, backend, group, args) -> float:
     """Seconds of host time per eager dist.all_reduce call on a small tensor.
 
     No synchronize inside the loop: what is measured is what the calling
     thread spends issuing the op (validation, enqueueing, bookkeeping), which
-    is what limits small-message training steps. The best of 5 rounds."""
-    t = torch.zeros(args.host_count, device=device)
+    is what limits small-message training steps. The best of 5 rounds.
+    Runs at world size 1 only, where the sum is the input itself: checked
+    once before timing."""
+    want = rank_input(torch, 0, args.host_count)
+    t = want.to(device)
+    dist.all_reduce(t, group=group)
+    torch.cuda.synchronize()
+    problem = mismatch(torch, t, want)
+    if problem:
+        raise SystemExit(f"WRONG RESULT: backend {backend}, host-time all_reduce of {args.host_count} floats, "
+                         f"1 rank, rank 0: {problem}; benchmark aborted")
     for _ in range(50):
         dist.all_reduce(t, group=group)
     torch.cuda.synchronize()
@@ -267,7 +365,8 @@ def run_world(args, world: int, results: str) -> None:
                "--backends", args.backends, "--ops", args.ops,
                "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                "--warmup", str(args.warmup), "--time-per-point", str(args.time_per_point),
-               "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters)]
+               "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
+               "--samples", str(args.samples)]
         procs.append(subprocess.Popen(cmd, env=env))
     deadline = time.monotonic() + args.timeout
     for p in procs:
@@ -280,7 +379,9 @@ def run_world(args, world: int, results: str) -> None:
                              f"{args.timeout} s")
     bad = [p.returncode for p in procs if p.returncode != 0]
     if bad:
-        raise SystemExit(f"world {world}: a rank failed (exit codes {bad})")
+        if os.path.exists(results):
+            os.remove(results)  # a run with a failed rank reports nothing
+        raise SystemExit(f"world {world}: a rank failed (exit codes {bad}); no results written")
 
 
 def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
@@ -289,7 +390,8 @@ def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
     rows = [r for r in rows if r["op"] != HOST_OP]
     csv_path = stem + ".csv"
     with open(csv_path, "w", newline="") as f:
-        fields = ["world", "backend", "op", "bytes", "count", "dtype", "iters", "time_us",
+        fields = ["world", "backend", "op", "bytes", "count", "dtype", "iters", "samples",
+                  "time_us", "time_min_us", "time_max_us", "spread_pct", "verified",
                   "algbw_GBps", "busbw_GBps", "busbw_fraction_of_memcpy"]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
@@ -399,8 +501,12 @@ def main() -> None:
                    help="sizes up to 1 MiB and shorter timing (a smoke run)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--time-per-point", type=float, default=0.25,
-                   help="seconds of timed iterations per (op, size, backend)")
-    p.add_argument("--min-iters", type=int, default=3)
+                   help="seconds of timed iterations per (op, size, backend), "
+                        "all --samples batches together")
+    p.add_argument("--samples", type=int, default=5,
+                   help="timed batches per (op, size, backend); the median is reported, "
+                        "with the spread (min .. max) of the batches")
+    p.add_argument("--min-iters", type=int, default=3, help="iterations per timed batch, at least")
     p.add_argument("--max-iters", type=int, default=2000)
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     p.add_argument("--timeout", type=float, default=1800, help="per world size, seconds")
@@ -417,6 +523,8 @@ def main() -> None:
     if args.worlds is None:
         args.worlds = "2,4" if args.device == "cpu" else ",".join(
             str(w) for w in sorted({1, max(2, args.gpus)}))
+    if args.samples < 1:
+        p.error("--samples must be at least 1")
     if args.quick:
         args.max_bytes = min(args.max_bytes, 1 << 20)
         args.time_per_point = min(args.time_per_point, 0.05)

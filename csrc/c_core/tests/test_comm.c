@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -201,6 +202,34 @@ static void test_alltoall(tcc_comm_t *comm) {
   CHECK(RUN(tcc_barrier(comm, NULL, &op)) == TCC_OK, "barrier");
 }
 
+/* Nobody leaves a barrier before every rank entered it. The last rank
+ * enters late and first raises a flag in memory shared by the ranks (named
+ * after the test process); the others check the flag once they are out. */
+static void test_barrier_waits(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  char name[64];
+  snprintf(name, sizeof name, "/tcc-test-barrier-%d", (int)getppid());
+  int fd = shm_open(name, O_RDWR | O_CREAT, 0600);
+  CHECK(fd >= 0 && ftruncate(fd, 4096) == 0, "shared flag");
+  atomic_int *flag = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  for (int round = 0; round < 3; round++) {
+    tcc_op_t *op;
+    CHECK(RUN(tcc_barrier(comm, NULL, &op)) == TCC_OK, "barrier before round %d", round);
+    if (me == n - 1) {
+      usleep(150 * 1000);
+      atomic_store(flag, round + 1);
+    }
+    CHECK(RUN(tcc_barrier(comm, NULL, &op)) == TCC_OK, "barrier of round %d", round);
+    CHECK(atomic_load(flag) == round + 1, "round %d: rank %d left the barrier before rank %d entered it", round,
+          me, n - 1);
+  }
+  munmap(flag, 4096);
+  tcc_op_t *op;
+  CHECK(RUN(tcc_barrier(comm, NULL, &op)) == TCC_OK, "barrier after the rounds");
+  if (me == 0) shm_unlink(name);
+}
+
 static void test_p2p(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   if (n < 2) return;
@@ -346,6 +375,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_reduce_and_bcast(comm);
   test_gathers(comm);
   test_alltoall(comm);
+  test_barrier_waits(comm);
   test_p2p(comm);
   test_any_source(comm);
   test_mismatch(comm);
