@@ -468,6 +468,9 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allreduce(
     const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";
   const ErrorScope scope(groupName_, rank_);
+  if (tensors.size() == 1 && tensors[0].is_sparse()) {
+    return sparseAllreduce(tensors[0], opts);
+  }
   at::Tensor& tensor = singleTensor(op, tensors, "input");
   TCC_CHECK(!opts.sparseIndices.has_value(), op, "sparse allreduce is not supported");
   const Reduction red = toReduction(op, opts.reduceOp, tensor.scalar_type());

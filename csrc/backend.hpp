@@ -188,6 +188,9 @@ class TccBackend final : public c10d::Backend {
       std::vector<at::Tensor> outputs,
       const std::vector<at::Tensor>& inputs,
       int sourceRank = -1);
+  // all_reduce of a sparse COO tensor (sparse_allreduce.cpp): runs to the
+  // end before it returns a completed work.
+  c10::intrusive_ptr<c10d::Work> sparseAllreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
   // Throws unless the communicator can take new ops. Caller holds mutex_.
   void checkUsable(const char* op) const;
   // Allgather of one tensor into one tensor of size x its elements.

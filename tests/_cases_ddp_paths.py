@@ -1,7 +1,8 @@
 """DDP's optional paths: gradient accumulation with no_sync, unused
-parameters (find_unused_parameters), static_graph and uneven inputs under
-torch.distributed.algorithms.join.Join. Each ends with the same parameters
-as the same run on gloo in the same processes.
+parameters (find_unused_parameters), static_graph, uneven inputs under
+torch.distributed.algorithms.join.Join and sparse gradients (an embedding
+with sparse=True). Each ends with the same parameters as the same run on
+gloo in the same processes. Also the sparse all_reduce those gradients use.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _loss(ddp, x, y, **kw):
     return torch.nn.functional.mse_loss(ddp(x, **kw), y)
 
 
-def _versus_gloo(ctx, make_model, ddp_kwargs: dict, run, what: str) -> None:
+def _versus_gloo(ctx, make_model, ddp_kwargs: dict, run, what: str, make_opt=None) -> None:
     """Builds a model (different initial weights per rank: DDP's broadcast
     matters), trains it with `run(ddp, opt, backend)` once on the group
     under test and once on a gloo group, and requires the same parameters."""
@@ -63,7 +64,7 @@ def _versus_gloo(ctx, make_model, ddp_kwargs: dict, run, what: str) -> None:
     for name, m, pg in (("test", model, None), ("gloo", ref_model, gloo)):
         ddp = DDP(m, process_group=pg, bucket_cap_mb=0.001, **ddp_kwargs)
         _KEEP_ALIVE.append(ddp)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        opt = (make_opt or (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)))(ddp.parameters())
         run(ddp, opt, name)
         params[name] = [p.detach().clone() for p in ddp.module.parameters()]
     for k, (a, b) in enumerate(zip(params["test"], params["gloo"])):
@@ -148,11 +149,80 @@ def c_ddp_join_uneven(ctx):
     _versus_gloo(ctx, _mlp, {}, run, "Join with uneven inputs")
 
 
+class SparseBag(torch.nn.Module):
+    """An embedding bag with sparse gradients, then a dense head: DDP
+    all_reduces the bag's gradient as a sparse COO tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = torch.nn.EmbeddingBag(50, 6, mode="sum", sparse=True)
+        self.head = torch.nn.Linear(6, OUT_DIM)
+
+    def forward(self, ids):
+        return self.head(self.bag(ids))
+
+
+def c_ddp_sparse_gradients(ctx):
+    """DDP over an embedding with sparse=True: 4 SGD steps on ids that
+    differ between ranks (and overlap), as on gloo."""
+    r = ctx.rank
+
+    def run(ddp, opt, backend):
+        for step in range(4):
+            g = torch.Generator().manual_seed(_seed("sparse", step, r))
+            ids = torch.randint(0, 50, (8, 3), generator=g)
+            y = torch.randn(8, OUT_DIM, generator=g)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(ids), y).backward()
+            opt.step()
+
+    # Plain SGD: sparse gradients allow no momentum.
+    _versus_gloo(ctx, SparseBag, {}, run, "sparse gradients",
+                 make_opt=lambda params: torch.optim.SGD(params, lr=0.05))
+
+
+def _sparse_input(rank: int, shape, nnz: int, dense_tail=()):
+    """Rank `rank`'s sparse COO input: `nnz` entries at seeded indices
+    (duplicates included, so coalescing matters), small integer values so
+    every sum is exact."""
+    g = torch.Generator().manual_seed(_seed("sparse_all_reduce", rank, tuple(shape)))
+    sparse_dims = len(shape) - len(dense_tail)
+    idx = torch.stack([torch.randint(0, shape[d], (nnz,), generator=g) for d in range(sparse_dims)])
+    vals = torch.randint(-8, 9, (nnz, *dense_tail), generator=g).to(torch.float64)
+    return torch.sparse_coo_tensor(idx, vals, shape)
+
+
+def c_sparse_all_reduce(ctx):
+    """all_reduce(SUM) of sparse COO tensors: every rank gets the sum of all
+    ranks' tensors (reference: their dense sum), with ranks of different
+    entry counts, a rank with none, and dense trailing dimensions. Another
+    reduce op or a shape that differs between ranks raises on every rank."""
+    W, r = ctx.world, ctx.rank
+    for shape, dense_tail, counts in (((30,), (), [5 + 3 * q for q in range(W)]),
+                                      ((7, 9, 4), (4,), [0 if q == 1 else 6 for q in range(W)])):
+        t = _sparse_input(r, shape, counts[r], dense_tail)
+        dist.all_reduce(t)
+        want = sum(_sparse_input(q, shape, counts[q], dense_tail).to_dense() for q in range(W))
+        if not t.is_sparse:
+            raise AssertionError(f"sparse all_reduce of {shape}: the result is no longer sparse")
+        ctx.compare(t.to_dense(), want, f"sparse all_reduce of {shape}")
+    if ctx.strict:
+        t = _sparse_input(r, (30,), 4)
+        ctx.expect_error(lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX), r"allreduce",
+                         r"SUM only", "sparse all_reduce with MAX")
+        t = _sparse_input(r, (30 + (r == 1),), 4)
+        ctx.expect_error(lambda: dist.all_reduce(t), r"allreduce", r"differs",
+                         "sparse all_reduce of differing shapes")
+        ctx.check_usable()
+
+
 def _register():
     add("ddp-no_sync_accumulation", SUITE, c_ddp_no_sync, specs=GROUP_SPECS)
     add("ddp-find_unused_parameters", SUITE, c_ddp_find_unused, specs=GROUP_SPECS)
     add("ddp-static_graph", SUITE, c_ddp_static_graph, specs=GROUP_SPECS)
     add("ddp-join_uneven_inputs", SUITE, c_ddp_join_uneven, specs=GROUP_SPECS)
+    add("ddp-sparse_gradients", SUITE, c_ddp_sparse_gradients, specs=GROUP_SPECS)
+    add("sparse_all_reduce", SUITE, c_sparse_all_reduce, specs=GROUP_SPECS)
 
 
 _register()

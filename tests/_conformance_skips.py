@@ -21,8 +21,4 @@ SKIPS: dict[str, str] = {
         "ProcessGroup is torch's, not the backend's); the test compares it with "
         "dist.get_backend() == 'tccomm'. Every other field of the test's DDP logging data "
         "is the backend-independent part"),
-    "test_sparse_all_reduce_sum": (
-        "tccomm reduces dense (strided) tensors only; a sparse COO all_reduce raises "
-        "'the input tensor has layout Sparse; only dense (strided) tensors are supported' "
-        "(torch's suite runs it for gloo only: 'Only Gloo backend supports sparse all reduce')"),
 }
