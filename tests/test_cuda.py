@@ -7,7 +7,8 @@ Runs everywhere:
   * the C core's CUDA path compiles warning-free against the real nccl.h and,
     linked with cudart, loads NCCL and refuses CUDA ops clearly without a GPU
     (make cuda-test);
-  * without a GPU, asking for CUDA fails with a clear error, not a crash.
+  * without a GPU, asking for CUDA fails with a clear error, not a crash;
+  * the host references of the GPU scenarios reject wrong results.
 Needs a GPU (skipped with the reason otherwise), all ranks on cuda:0, one
 process per rank (tests/_cuda_worker.py), each claiming its own host:
   * every op at world size 1, 2 and 3; eager init with device_id;
@@ -155,6 +156,18 @@ def test_cuda_without_gpu_is_a_clear_error():
         assert "ERROR" in line, line
         low = line.lower()
         assert ("cuda" in low and ("device" in low or "driver" in low)), line
+
+
+def test_cuda_references_reject_wrong_results(tmp_path):
+    """The host references and comparisons the GPU scenarios use accept a
+    right result in another order of the ranks and reject wrong ones (a
+    dropped rank, a wrong AVG divisor, a changed NaN payload): checked here,
+    without a GPU, so the GPU checks are known to be able to fail."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1"}
+    proc = subprocess.run([sys.executable, WORKER, "selfcheck", str(tmp_path)], env=env, cwd=HERE,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    status = (tmp_path / "rank0.txt").read_text() if (tmp_path / "rank0.txt").exists() else proc.stdout[-3000:]
+    assert proc.returncode == 0 and status == "ok", status
 
 
 # ---- GPU ---------------------------------------------------------------------------
