@@ -363,6 +363,9 @@ def window_puts_signals_views(comm, rank, size):
     for p in range(size):
         want[4 * p:4 * p + 2] = p + 1
     check(buf, want, "registered tensor after the puts")
+    # The next rank's buffer is complete only once it has waited for its
+    # own signals: a put from a third rank may still be on its way.
+    comm.barrier(async_op=False)
     view = win.map_remote_tensor(nxt)
     check(view, want, "view of the next rank")
     comm.barrier(async_op=False)  # everyone checked before the next put

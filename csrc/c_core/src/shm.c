@@ -79,16 +79,17 @@ static void layout(shm_header_t *h, int n, uint64_t window) {
 
 /* ---- setup ------------------------------------------------------------ */
 
-/* Rank 0: the segment, laid out for this group, then published. */
+/* Rank 0: the segment, laid out for this group, then published. *fd: the
+ * creating descriptor, with rank 0's lock. */
 static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, const char *who, shm_state_t *st,
-                                   tcc_err_t *err) {
+                                   int *fd, tcc_err_t *err) {
   shm_header_t h;
   memset(&h, 0, sizeof h);
   uint64_t window, small;
   choose_sizes(comm->size, &window, &small);
   layout(&h, comm->size, window);
   void *base;
-  tcc_result_t r = tcc_segment_create(id, h.seg.total_bytes, comm->size, who, &base, err);
+  tcc_result_t r = tcc_segment_create(id, h.seg.total_bytes, comm->size, who, &base, fd, err);
   if (r != TCC_OK) return r;
   /* Fresh tmpfs pages are zero: counters, rings and doorbells start at 0. */
   shm_header_t *hdr = base;
@@ -151,15 +152,17 @@ tcc_result_t tcc_shm_check_header(const shm_header_t *h, int n, size_t bytes, co
   return TCC_OK;
 }
 
-/* The other ranks: rank 0's segment, verified, mapped at st->base. */
+/* The other ranks: rank 0's segment, verified, mapped at st->base. *fd:
+ * the verified descriptor. */
 static tcc_result_t open_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, int64_t deadline, const char *who,
-                                 shm_state_t *st, tcc_err_t *err) {
+                                 shm_state_t *st, int *fd, tcc_err_t *err) {
   void *base = NULL;
-  tcc_result_t r = tcc_segment_open(id, comm->rank, comm->size, deadline, who, &base, &st->bytes, err);
+  tcc_result_t r = tcc_segment_open(id, comm->rank, comm->size, deadline, who, &base, &st->bytes, fd, err);
   if (r != TCC_OK) return r;
   r = tcc_shm_check_header(base, comm->size, st->bytes, who, err);
   if (r != TCC_OK) {
     munmap(base, st->bytes);
+    tcc_fd_close(*fd);
     return r;
   }
   st->base = base;
@@ -171,6 +174,8 @@ static const tcc_transport_ops_t shm_ops;
 static void shm_destroy(tcc_comm_t *comm);
 
 tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err) {
+  /* What killed processes left behind goes first (shm_reap.c). */
+  tcc_shm_reap_once();
   shm_state_t *st = calloc(1, sizeof *st);
   if (!st) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   tcc_segment_id_t id;
@@ -178,24 +183,30 @@ tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t 
   tcc_segment_id("", blobs[0].token, &id);
   snprintf(who, sizeof who, "tccomm '%s' (rank %d)", comm->name, comm->rank);
   const int64_t deadline = tcc_deadline_after_ms(atomic_load(&comm->timeout_ms));
-  tcc_result_t r = comm->rank == 0 ? create_segment(comm, &id, who, st, err)
-                                   : open_segment(comm, &id, deadline, who, st, err);
+  int fd = -1;
+  tcc_result_t r = comm->rank == 0 ? create_segment(comm, &id, who, st, &fd, err)
+                                   : open_segment(comm, &id, deadline, who, st, &fd, err);
   if (r != TCC_OK) {
     free(st);
     return r;
   }
-  if (tcc_shm_liveness_start(comm, st, id.name, err) != TCC_OK) {
+  /* The descriptor becomes the liveness lock's; stop closes it, and must
+   * run while the segment is still mapped. Rank 0 removes the name before
+   * its lock goes. */
+  if (tcc_shm_liveness_start(comm, st, fd, err) != TCC_OK) {
     if (comm->rank == 0) shm_unlink(id.name);
-    munmap(st->base, st->bytes);
     tcc_shm_liveness_stop(comm, st);
+    munmap(st->base, st->bytes);
     free(st);
     return err->code;
   }
   int n = comm->size, got = 0;
-  if (tcc_segment_attach(st->base, id.name, n, deadline, &got) != TCC_OK) {
+  r = tcc_segment_attach(st->base, st->lock_fd, &id, comm->rank, n, deadline, who, &got, err);
+  if (r != TCC_OK) {
     tcc_shm_liveness_stop(comm, st);
     munmap(st->base, st->bytes);
     free(st);
+    if (r != TCC_ERR_TIMEOUT) return r;
     return tcc_err_set(err, TCC_ERR_TIMEOUT,
                        "%s: timed out after %lld ms: only %d of %d ranks attached to the shared-memory segment",
                        who, (long long)atomic_load(&comm->timeout_ms), got, n);

@@ -121,10 +121,12 @@ tcc_result_t tcc_shm_barrier(tcc_comm_t *comm, shm_state_t *st, int64_t deadline
 /* The parity the next stage writes. */
 static inline int shm_next_parity(const shm_state_t *st) { return (int)((st->stage + 1) & 1); }
 
-/* shm_liveness.c. Takes this rank's liveness lock on the segment `name`
- * (before the rank counts itself attached, so every rank's lock is held
- * once attachment completes). */
-tcc_result_t tcc_shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, const char *name, tcc_err_t *err);
+/* shm_liveness.c. Takes this rank's liveness lock on `fd`, the segment's
+ * descriptor from tcc_segment_create (rank 0, which holds it already) or
+ * tcc_segment_open (the others), before the rank counts itself attached,
+ * so every rank's lock is held once attachment completes. Owns `fd` from
+ * then on, also on failure: tcc_shm_liveness_stop closes it. */
+tcc_result_t tcc_shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, int fd, tcc_err_t *err);
 /* Marks this rank as having destroyed its communicator, then lets go of
  * the lock. */
 void tcc_shm_liveness_stop(tcc_comm_t *comm, shm_state_t *st);

@@ -16,6 +16,12 @@
  * block before letting go of the lock, so the others can say which it was.
  * Locks live on the file, which is unlinked once everyone has mapped it:
  * nothing is left in /dev/shm whatever happens afterwards.
+ *
+ * The locks are taken on the descriptors segment setup already has: rank
+ * 0's creating descriptor, whose lock on byte 0 was taken right after the
+ * exclusive creation (so the waiting ranks and the reaper of abandoned
+ * segments can tell it lives, shm_segment.c), and each other rank's
+ * verified one. Nothing is opened by name again.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -40,26 +46,17 @@ static struct flock byte_lock(int rank, short type) {
   return fl;
 }
 
-tcc_result_t tcc_shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, const char *name, tcc_err_t *err) {
-  st->lock_fd = -1;
+tcc_result_t tcc_shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, int fd, tcc_err_t *err) {
+  /* Owned from here on, whatever happens: stop closes it. */
+  st->lock_fd = fd;
   st->peer_checked_ns = calloc((size_t)comm->size, sizeof *st->peer_checked_ns);
   if (!st->peer_checked_ns) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
-  /* The name still exists: it is unlinked only once every rank attached,
-   * which this rank has not yet done. */
-  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0)
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): cannot reopen the shared-memory segment %s: %s",
-                       comm->name, comm->rank, name, strerror(errno));
+  /* Rank 0 holds its byte already; taking it again changes nothing. */
   struct flock fl = byte_lock(comm->rank, F_WRLCK);
-  if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
-    int e = errno;
-    close(fd);
+  if (fcntl(fd, F_OFD_SETLK, &fl) != 0)
     return tcc_err_set(err, TCC_ERR_SYSTEM,
                        "tccomm '%s' (rank %d): cannot take the liveness lock on the shared-memory segment: %s",
-                       comm->name, comm->rank, strerror(e));
-  }
-  tcc_fd_close_on_fork(fd);
-  st->lock_fd = fd;
+                       comm->name, comm->rank, strerror(errno));
   return TCC_OK;
 }
 

@@ -16,12 +16,30 @@
  * Rank 0 returns at once and leaves the signal in place. Each rank that saw
  * it leaves an empty "<name>.<rank>" (again an inode only); the one that
  * finds all n-1 of them removes the signal and them. A rank that never
- * comes leaves them behind: one page at most.
+ * comes leaves them behind, one page at most, until the long grace of the
+ * reaper (shm_reap.c) is over.
+ *
+ * How they learn that rank 0 died: rank 0 takes an open-file-description
+ * lock on byte 0 of the object right after the exclusive creation, before
+ * the object has any size, and holds it while the name exists (until every
+ * rank attached, and then as the shm transport's liveness lock). The
+ * kernel drops it when the process ends, however it ends. So a waiting
+ * rank that finds an object with a size but no lock on byte 0 (F_OFD_GETLK,
+ * at most every 100 ms) knows rank 0 is gone, unless rank 0 left one of
+ * the failure signals above, which it writes before letting go and which
+ * the waiting rank reads after seeing the lock free. Such a rank fails at
+ * once, naming the cause: the group cannot start. It removes the name
+ * (the pages go with the last mapping) and leaves in its place a one-page
+ * signal saying that rank 0 died, made as rank 0 makes its own (created
+ * exclusively, locked while written) and acknowledged like it, so that
+ * ranks that had not looked yet fail as promptly instead of waiting for a
+ * name that will never come back.
  */
 #include "shm_segment.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -32,13 +50,34 @@
 
 #define STATE_READY 0x74636d73u  /* "tcms" */
 #define STATE_FAILED 0x7463666cu /* "tcfl" */
+#define STATE_ORPHANED 0x74636f72u /* "tcor": rank 0 died before every rank attached */
 #define SEGMENT_MODE 0600
 #define NO_ROOM_MODE 0400
 #define POLL_NS (200 * 1000)
+#define CHECK_EVERY_NS (100 * 1000000LL)
 
 static void sleep_ns(long ns) {
   struct timespec ts = {0, ns};
   nanosleep(&ts, NULL);
+}
+
+/* ---- rank 0's lock ------------------------------------------------------ */
+
+static struct flock byte0_lock(short type) {
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = 0;
+  fl.l_len = 1;
+  return fl;
+}
+
+/* No other open file description holds byte 0: rank 0 is gone. A failing
+ * query answers "held": unsure is not gone. */
+static bool creator_gone(int fd) {
+  struct flock fl = byte0_lock(F_WRLCK);
+  return fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK;
 }
 
 /* ---- names and secrets ------------------------------------------------ */
@@ -127,12 +166,12 @@ static void no_room_reason(char *out, size_t len, size_t bytes, int fd, const ch
 
 /* The first page is reserved: the reason goes there for the waiting ranks,
  * with the secret that makes it believable. */
-static void publish_failure(int fd, const uint8_t *secret, const char *reason) {
+static void publish_failure(int fd, const uint8_t *secret, unsigned state, const char *reason) {
   tcc_segment_head_t *h = mmap(NULL, TCC_SEGMENT_HEAD_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (h == MAP_FAILED) return; /* the waiting ranks time out instead */
   memcpy(h->secret, secret, sizeof h->secret);
   snprintf(h->reason, sizeof h->reason, "%s", reason);
-  atomic_store(&h->state, STATE_FAILED); /* publishes the reason */
+  atomic_store(&h->state, state); /* publishes the reason */
   munmap(h, TCC_SEGMENT_HEAD_BYTES);
 }
 
@@ -163,23 +202,42 @@ static void *reserve_and_map(int fd, const uint8_t *secret, size_t bytes, char *
     p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) snprintf(reason, len, "mapping %zu bytes of shared memory failed: %s", bytes, strerror(errno));
   }
-  if (p == MAP_FAILED) publish_failure(fd, secret, reason);
+  if (p == MAP_FAILED) {
+    /* The signal needs the first page only; the rest (reserved when the
+     * mapping failed) would sit in /dev/shm until the reaper's long grace
+     * is over. Nobody maps a segment that was never ready. */
+    if (ftruncate(fd, TCC_SEGMENT_HEAD_BYTES) != 0) {
+      /* it keeps its pages: room lost for a while, nothing worse */
+    }
+    publish_failure(fd, secret, STATE_FAILED, reason);
+  }
   return p;
 }
 
 tcc_result_t tcc_segment_create(const tcc_segment_id_t *id, size_t bytes, int n, const char *who, void **base,
-                                tcc_err_t *err) {
+                                int *fd_out, tcc_err_t *err) {
   if (bytes < TCC_SEGMENT_HEAD_BYTES || bytes > (size_t)INT64_MAX)
     return tcc_err_set(err, TCC_ERR_INVALID, "%s: a shared-memory segment of %zu bytes is out of range", who, bytes);
   /* Nothing under the name is ours when this fails: the waiting ranks can
    * only time out. */
   int fd = shm_open(id->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, SEGMENT_MODE);
   if (fd < 0) return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: shm_open(%s) failed: %s", who, id->name, strerror(errno));
+  tcc_fd_close_on_fork(fd);
+  /* First of all, while the object is still empty: from here on the other
+   * ranks and the reaper can tell a live creator from a dead one. */
+  struct flock fl = byte0_lock(F_WRLCK);
+  if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
+    int e = errno;
+    shm_unlink(id->name);
+    tcc_fd_close(fd);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: cannot lock the shared-memory segment %s: %s", who, id->name,
+                       strerror(e));
+  }
   /* The umask may have cleared bits of 0600; the other ranks insist on it. */
   if (fchmod(fd, SEGMENT_MODE) != 0) {
     int e = errno;
-    close(fd);
     shm_unlink(id->name);
+    tcc_fd_close(fd);
     return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: fchmod of the shared-memory segment failed: %s", who, strerror(e));
   }
   char reason[TCC_SEGMENT_REASON_BYTES];
@@ -188,16 +246,16 @@ tcc_result_t tcc_segment_create(const tcc_segment_id_t *id, size_t bytes, int n,
   if (p == MAP_FAILED) {
     /* With no other rank there is nobody to leave the signal for. */
     if ((no_room && publish_no_room(fd, bytes) != 0) || n == 1) shm_unlink(id->name);
-    close(fd);
+    tcc_fd_close(fd); /* after the signal: a waiting rank that sees the lock go reads it */
     return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: %s", who, reason);
   }
-  close(fd);
   no_fork(p, bytes);
   /* Reserved tmpfs pages read as zero: the user's counters start at 0. */
   tcc_segment_head_t *h = p;
   h->total_bytes = bytes;
   memcpy(h->secret, id->secret, sizeof h->secret);
   *base = p;
+  *fd_out = fd;
   return TCC_OK;
 }
 
@@ -234,6 +292,41 @@ static tcc_result_t rank0_failed(const tcc_segment_id_t *id, int rank, int n, co
                                  tcc_err_t *err) {
   acknowledge_failure(id->name, rank, n);
   return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: rank 0 could not create the shared-memory segment: %s", who, reason);
+}
+
+/* ---- the other ranks: rank 0 died ------------------------------------------ */
+
+/* In place of the segment, a one-page signal for the ranks that have not
+ * looked yet, made as rank 0 makes its own: created exclusively and locked
+ * while it is written. When another rank was first, or not even a page
+ * fits, this rank leaves none. */
+static void leave_orphan_signal(const tcc_segment_id_t *id, const char *reason) {
+  int fd = shm_open(id->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, SEGMENT_MODE);
+  if (fd < 0) return;
+  tcc_fd_close_on_fork(fd);
+  struct flock fl = byte0_lock(F_WRLCK);
+  if (fcntl(fd, F_OFD_SETLK, &fl) != 0 || fchmod(fd, SEGMENT_MODE) != 0 || reserve(fd, TCC_SEGMENT_HEAD_BYTES) != 0)
+    shm_unlink(id->name);
+  else
+    publish_failure(fd, id->secret, STATE_ORPHANED, reason);
+  tcc_fd_close(fd);
+}
+
+static tcc_result_t orphaned(const tcc_segment_id_t *id, int rank, int n, const char *who, const char *why,
+                             tcc_err_t *err) {
+  acknowledge_failure(id->name, rank, n);
+  return tcc_err_set(err, TCC_ERR_REMOTE, "%s: rank 0 exited during shared-memory setup (%s)", who, why);
+}
+
+/* This rank found rank 0's lock gone: the group cannot start. The segment's
+ * name goes (its pages with the last mapping), the signal takes its place. */
+static tcc_result_t creator_exited(const tcc_segment_id_t *id, int rank, int n, const char *who, const char *when,
+                                   tcc_err_t *err) {
+  char why[TCC_SEGMENT_REASON_BYTES];
+  snprintf(why, sizeof why, "its process ended after creating the segment %s, %s", id->name, when);
+  shm_unlink(id->name);
+  leave_orphan_signal(id, why);
+  return orphaned(id, rank, n, who, why, err);
 }
 
 static tcc_result_t untrusted(const char *who, const char *name, const char *why, tcc_err_t *err) {
@@ -314,16 +407,27 @@ static tcc_result_t map_ready(int fd, const head_copy_t *hc, const tcc_segment_i
 }
 
 /* One look at the object under the name: TCC_OK (mapped),
- * TCC_ERR_INPROGRESS (rank 0 is not done: look again) or a failure. */
+ * TCC_ERR_INPROGRESS (rank 0 is not done: look again) or a failure.
+ * *checked_ns: when rank 0's lock was last looked at. */
 static tcc_result_t inspect(int fd, const tcc_segment_id_t *id, int rank, int n, const char *who, void **base,
-                            size_t *bytes, tcc_err_t *err) {
+                            size_t *bytes, int64_t *checked_ns, tcc_err_t *err) {
+  /* Looked at before the object itself: rank 0 writes any failure signal
+   * before its lock goes, so a free lock and then no signal means death. */
+  bool gone = false;
+  const int64_t now = tcc_now_ns();
+  if (now - *checked_ns >= CHECK_EVERY_NS) {
+    *checked_ns = now;
+    gone = creator_gone(fd);
+  }
+  static const char before_ready[] = "before it was ready";
   struct stat sb;
   if (fstat(fd, &sb) != 0)
     return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: fstat of %s failed: %s", who, id->name, strerror(errno));
   tcc_result_t r = check_owner_and_mode(fd, &sb, id, rank, n, who, err);
   if (r != TCC_ERR_INPROGRESS) return r;
   /* Rank 0 creates it empty, then reserves the first page, which sets the
-   * size: any other size below one page is not ours. */
+   * size: any other size below one page is not ours. While it is empty,
+   * rank 0 may not have taken its lock yet: no verdict on it. */
   if (sb.st_size == 0) return TCC_ERR_INPROGRESS;
   if (sb.st_size < TCC_SEGMENT_HEAD_BYTES) {
     char why[96];
@@ -331,21 +435,27 @@ static tcc_result_t inspect(int fd, const tcc_segment_id_t *id, int rank, int n,
     return untrusted(who, id->name, why, err);
   }
   /* Reading a page that is not reserved could SIGBUS on a full /dev/shm. */
-  if ((unsigned long long)sb.st_blocks * 512ULL < TCC_SEGMENT_HEAD_BYTES) return TCC_ERR_INPROGRESS;
+  if ((unsigned long long)sb.st_blocks * 512ULL < TCC_SEGMENT_HEAD_BYTES)
+    return gone ? creator_exited(id, rank, n, who, before_ready, err) : TCC_ERR_INPROGRESS;
   head_copy_t hc;
   if (read_head(fd, &hc) != 0)
     return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: mmap of %s failed: %s", who, id->name, strerror(errno));
-  if (hc.state == 0) return TCC_ERR_INPROGRESS;
-  if (hc.state == STATE_FAILED) {
+  if (hc.state == 0) return gone ? creator_exited(id, rank, n, who, before_ready, err) : TCC_ERR_INPROGRESS;
+  if (hc.state == STATE_FAILED || hc.state == STATE_ORPHANED) {
     if (memcmp(hc.secret, id->secret, sizeof hc.secret) != 0)
       return untrusted(who, id->name, "was not created for this group (its secret does not match)", err);
-    return rank0_failed(id, rank, n, who, hc.reason, err);
+    return hc.state == STATE_FAILED ? rank0_failed(id, rank, n, who, hc.reason, err)
+                                    : orphaned(id, rank, n, who, hc.reason, err);
   }
   if (hc.state != STATE_READY) {
     char why[96];
     snprintf(why, sizeof why, "is not a tccomm segment (state word 0x%08x)", hc.state);
     return untrusted(who, id->name, why, err);
   }
+  /* Ready, but the group can no longer start: rank 0 would have waited
+   * for this rank. Only a segment that proves to be this group's goes. */
+  if (gone && memcmp(hc.secret, id->secret, sizeof hc.secret) == 0)
+    return creator_exited(id, rank, n, who, "before every rank attached", err);
   return map_ready(fd, &hc, id, who, base, bytes, err);
 }
 
@@ -357,22 +467,30 @@ static int open_existing(const char *name) {
 }
 
 tcc_result_t tcc_segment_open(const tcc_segment_id_t *id, int rank, int n, int64_t deadline, const char *who,
-                              void **base, size_t *bytes, tcc_err_t *err) {
+                              void **base, size_t *bytes, int *fd_out, tcc_err_t *err) {
   int fd = -1;
+  int64_t checked_ns = INT64_MIN / 2;
   for (;;) {
-    if (fd < 0) fd = open_existing(id->name);
-    if (fd < 0 && errno != ENOENT)
-      return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: shm_open(%s) failed: %s", who, id->name, strerror(errno));
+    if (fd < 0) {
+      fd = open_existing(id->name);
+      if (fd < 0 && errno != ENOENT)
+        return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: shm_open(%s) failed: %s", who, id->name, strerror(errno));
+      tcc_fd_close_on_fork(fd);
+    }
     if (fd >= 0) {
-      tcc_result_t r = inspect(fd, id, rank, n, who, base, bytes, err);
+      tcc_result_t r = inspect(fd, id, rank, n, who, base, bytes, &checked_ns, err);
+      if (r == TCC_OK && fd_out) {
+        *fd_out = fd;
+        return r;
+      }
       if (r != TCC_ERR_INPROGRESS) {
-        close(fd);
+        tcc_fd_close(fd);
         return r;
       }
     }
     if (tcc_now_ns() > deadline) {
       const int seen = fd >= 0;
-      if (fd >= 0) close(fd);
+      if (fd >= 0) tcc_fd_close(fd);
       return tcc_err_set(err, TCC_ERR_TIMEOUT, "%s: timed out waiting for rank 0 to create the shared-memory segment%s",
                          who, seen ? " (an object under its name never became a complete segment)" : "");
     }
@@ -380,17 +498,47 @@ tcc_result_t tcc_segment_open(const tcc_segment_id_t *id, int rank, int n, int64
   }
 }
 
-tcc_result_t tcc_segment_attach(void *base, const char *name, int n, int64_t deadline, int *attached) {
+tcc_result_t tcc_segment_attach(void *base, int fd, const tcc_segment_id_t *id, int rank, int n, int64_t deadline,
+                                const char *who, int *attached, tcc_err_t *err) {
   tcc_segment_head_t *h = base;
+  const char *name = id->name;
   if (atomic_fetch_add(&h->attached, 1) + 1 == n) shm_unlink(name);
-  while (atomic_load(&h->attached) < n) {
-    if (tcc_now_ns() > deadline) {
+  int64_t checked_ns = tcc_now_ns();
+  for (int got; (got = atomic_load(&h->attached)) < n;) {
+    const int64_t now = tcc_now_ns();
+    if (rank != 0 && now - checked_ns >= CHECK_EVERY_NS) {
+      checked_ns = now;
+      /* Rank 0 lets go only after it saw every rank in, or after it gave
+       * up: counted again once the lock is seen free. */
+      if (creator_gone(fd) && (got = atomic_load(&h->attached)) < n) {
+        char when[80];
+        snprintf(when, sizeof when, "before all %d ranks attached: %d had", n, got);
+        *attached = got;
+        return creator_exited(id, rank, n, who, when, err);
+      }
+    }
+    if (now > deadline) {
       *attached = atomic_load(&h->attached);
       shm_unlink(name);
       return TCC_ERR_TIMEOUT;
     }
     sleep_ns(50 * 1000);
   }
+  /* The last rank in removed the name, perhaps not yet: rank 0 makes sure
+   * before its caller may let go of the lock (a no-op almost always). */
+  if (rank == 0) shm_unlink(name);
   *attached = n;
   return TCC_OK;
+}
+
+/* ---- reaping --------------------------------------------------------------- */
+
+bool tcc_segment_is_signal(int fd, const struct stat *sb) {
+  if (((unsigned)sb->st_mode & 07777u) == NO_ROOM_MODE) return true; /* its size lies; it has no pages */
+  if ((unsigned long long)sb->st_blocks * 512ULL <= TCC_SEGMENT_HEAD_BYTES) return true;
+  /* Read, not mapped: a page that is not there reads as zeros, no SIGBUS. */
+  unsigned state = 0;
+  _Static_assert(offsetof(tcc_segment_head_t, state) == 0, "the state word comes first");
+  if (pread(fd, &state, sizeof state, 0) != (ssize_t)sizeof state) return true;
+  return state == STATE_FAILED || state == STATE_ORPHANED;
 }

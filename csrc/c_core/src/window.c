@@ -3,7 +3,12 @@
  *
  * One segment per window, created by rank 0 under a name derived from 16
  * random bytes, mode 0600, and unlinked as soon as every rank has mapped it
- * (as the transport's own segment in shm.c; shm_segment.h). Layout,
+ * (as the transport's own segment in shm.c; shm_segment.h). Rank 0 holds
+ * the lock it took at creation until then, like any creator, so the
+ * reaper of abandoned segments (shm_reap.c) leaves a window that is being
+ * set up alone, however long a rank takes to come, and the other ranks
+ * notice when rank 0 dies meanwhile. Windows need no liveness lock after
+ * that: a wait for a signal is bounded by its timeout. Layout,
  * identical on every rank because each computes it from the same
  * allgathered sizes; rank 0 also writes it into the header, and the other
  * ranks accept the segment only when that matches their own:
@@ -129,14 +134,16 @@ tcc_result_t tcc_window_check_header(const tcc_window_t *win, const win_header_t
 /* The other ranks: rank 0's segment, accepted only when its header and size
  * match the layout this rank computed from the same allgathered sizes. */
 static tcc_result_t open_segment(const tcc_window_t *win, const tcc_segment_id_t *id, int64_t deadline,
-                                 const char *who, void **base, tcc_err_t *err) {
+                                 const char *who, void **base, int *fd, tcc_err_t *err) {
   size_t mapped = 0;
-  tcc_result_t r = tcc_segment_open(id, win->rank, win->size, deadline, who, base, &mapped, err);
+  tcc_result_t r = tcc_segment_open(id, win->rank, win->size, deadline, who, base, &mapped, fd, err);
   if (r != TCC_OK) return r;
   r = tcc_window_check_header(win, *base, mapped, who, err);
   if (r != TCC_OK) {
     munmap(*base, mapped);
     *base = NULL;
+    tcc_fd_close(*fd);
+    *fd = -1;
   }
   return r;
 }
@@ -160,6 +167,7 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
   tcc_err_t err = {TCC_OK, ""};
   tcc_window_t *win = NULL;
   win_hello_t *hellos = NULL;
+  int seg_fd = -1; /* the segment's, until every rank mapped it */
   if (!comm || !out) {
     tcc_err_set(&err, TCC_ERR_INVALID, "tccomm window: no communicator or output handle given");
     goto fail;
@@ -201,24 +209,27 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
   snprintf(who, sizeof who, "tccomm window on '%s' (rank %d)", win->name, win->rank);
   void *base = NULL;
   if (win->rank == 0) {
-    if (tcc_segment_create(&id, win->total, n, who, &base, &err) != TCC_OK) goto fail;
+    if (tcc_segment_create(&id, win->total, n, who, &base, &seg_fd, &err) != TCC_OK) goto fail;
     write_header(win, base);
     tcc_segment_publish(base); /* buffers and counters start zeroed: nothing else to lay out */
-  } else if (open_segment(win, &id, deadline, who, &base, &err) != TCC_OK) {
+  } else if (open_segment(win, &id, deadline, who, &base, &seg_fd, &err) != TCC_OK) {
     goto fail;
   }
   win->base = base;
   int got = 0;
-  if (tcc_segment_attach(base, id.name, n, deadline, &got) != TCC_OK) {
+  tcc_result_t r = tcc_segment_attach(base, seg_fd, &id, win->rank, n, deadline, who, &got, &err);
+  if (r == TCC_ERR_TIMEOUT)
     tcc_err_set(&err, TCC_ERR_TIMEOUT, "%s: timed out after %lld ms: only %d of %d ranks mapped it", who,
                 (long long)timeout_ms, got, n);
-    goto fail;
-  }
+  if (r != TCC_OK) goto fail;
+  /* The name is gone: rank 0's lock has done its job. */
+  tcc_fd_close(seg_fd);
   free(hellos);
   *out = win;
   return TCC_OK;
 
 fail:
+  if (seg_fd >= 0) tcc_fd_close(seg_fd);
   window_free(win);
   free(hellos);
   if (errbuf && errlen) snprintf(errbuf, errlen, "%s", err.msg);

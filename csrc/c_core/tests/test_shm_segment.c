@@ -72,7 +72,7 @@ static tcc_result_t open_rank1(const tcc_segment_id_t *id, int64_t budget_ms, ch
   void *base = NULL;
   size_t bytes = 0;
   double t0 = now_s();
-  tcc_result_t r = tcc_segment_open(id, 1, 2, tcc_deadline_after_ms(budget_ms), WHO, &base, &bytes, &err);
+  tcc_result_t r = tcc_segment_open(id, 1, 2, tcc_deadline_after_ms(budget_ms), WHO, &base, &bytes, NULL, &err);
   *secs = now_s() - t0;
   snprintf(msg, TCC_ERRLEN, "%s", err.msg);
   if (r == TCC_OK) munmap(base, bytes);
@@ -91,11 +91,14 @@ static void expect_refusal(const char *what, const tcc_segment_id_t *id, tcc_res
   printf("  %-22s %s\n", what, msg);
 }
 
-/* A real segment of `bytes`, created and published as rank 0 of 2. */
-static void *real_segment(const tcc_segment_id_t *id, size_t bytes) {
+/* A real segment of `bytes`, created and published as rank 0 of 2.
+ * *creator: the creating descriptor, whose lock tells the other ranks that
+ * rank 0 lives; close it (tcc_fd_close) when done. */
+static void *real_segment(const tcc_segment_id_t *id, size_t bytes, int *creator) {
   tcc_err_t err = {TCC_OK, ""};
   void *base = NULL;
-  tcc_result_t r = tcc_segment_create(id, bytes, 2, "tccomm 'seg-test' (rank 0)", &base, &err);
+  *creator = -1;
+  tcc_result_t r = tcc_segment_create(id, bytes, 2, "tccomm 'seg-test' (rank 0)", &base, creator, &err);
   CHECK(r == TCC_OK, "create: %s", err.msg);
   if (r != TCC_OK) return NULL;
   tcc_segment_publish(base);
@@ -121,13 +124,15 @@ static void test_names(void) {
 static void test_round_trip(void) {
   tcc_segment_id_t id;
   fresh_id("", &id);
-  char *base = real_segment(&id, 3 * 4096);
+  int creator;
+  char *base = real_segment(&id, 3 * 4096, &creator);
   if (!base) return;
   strcpy(base + 5000, "hello");
   tcc_err_t err = {TCC_OK, ""};
   char *peer = NULL;
   size_t bytes = 0;
-  tcc_result_t r = tcc_segment_open(&id, 1, 2, tcc_deadline_after_ms(5000), WHO, (void **)&peer, &bytes, &err);
+  tcc_result_t r =
+      tcc_segment_open(&id, 1, 2, tcc_deadline_after_ms(5000), WHO, (void **)&peer, &bytes, NULL, &err);
   CHECK(r == TCC_OK && bytes == 3 * 4096 && strcmp(peer + 5000, "hello") == 0, "open: %s", err.msg);
   /* A forked child (a DataLoader worker, say) does not inherit either
    * mapping: msync reports the range as unmapped there. */
@@ -140,6 +145,7 @@ static void test_round_trip(void) {
   if (r == TCC_OK) munmap(peer, bytes);
   munmap(base, 3 * 4096);
   shm_unlink(id.name);
+  tcc_fd_close(creator);
 }
 
 static void test_planted_objects(void) {
@@ -165,7 +171,8 @@ static void test_planted_objects(void) {
 
   /* Genuine segments, then altered. */
   fresh_id("", &id);
-  void *base = real_segment(&id, 2 * 4096);
+  int creator;
+  void *base = real_segment(&id, 2 * 4096, &creator);
   tcc_segment_id_t other = id;
   other.secret[0] ^= 1;
   expect_refusal("wrong secret", &other, TCC_ERR_INVALID, "secret does not match");
@@ -186,6 +193,7 @@ static void test_planted_objects(void) {
   if (fd >= 0) close(fd);
   if (base) munmap(base, 2 * 4096);
   shm_unlink(id.name);
+  tcc_fd_close(creator);
 
   /* An empty object that never becomes a segment: a timeout, on time. */
   fresh_id("", &id);
@@ -252,7 +260,7 @@ static void transport_case(const char *what, corrupt_fn corrupt, const char *phr
   tcc_err_t e = {TCC_OK, ""};
   shm_header_t *h = NULL;
   size_t bytes = 0;
-  tcc_result_t r = tcc_segment_open(&id, 1, 2, tcc_deadline_after_ms(10000), WHO, (void **)&h, &bytes, &e);
+  tcc_result_t r = tcc_segment_open(&id, 1, 2, tcc_deadline_after_ms(10000), WHO, (void **)&h, &bytes, NULL, &e);
   CHECK(r == TCC_OK, "%s: rank 0's segment: %s", what, e.msg);
   if (r == TCC_OK) corrupt(h);
   setenv("TCCOMM_SHM_WINDOW_BYTES", "1048576", 1);

@@ -89,7 +89,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t bytes = 0;
   tcc_err_t err = {TCC_OK, {0}};
   /* A deadline in the past: one look, no waiting on an incomplete object. */
-  tcc_result_t r = tcc_segment_open(&id, 1, 2, tcc_now_ns() - 1, "fuzz", &base, &bytes, &err);
+  tcc_result_t r = tcc_segment_open(&id, 1, 2, tcc_now_ns() - 1, "fuzz", &base, &bytes, NULL, &err);
   if (r == TCC_OK) {
     assert(bytes >= TCC_SEGMENT_HEAD_BYTES && bytes <= MAX_FILE);
     (void)tcc_shm_check_header(base, 2, bytes, "fuzz", &err);
