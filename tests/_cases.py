@@ -1559,6 +1559,19 @@ def c_destroy_releases(ctx):
 _KEEP_ALIVE: list = []
 
 
+def assert_same_params(ctx, got, ref, what, rtol: float, atol: float) -> None:
+    """The parameters of a run on the backend under test equal those of the
+    same run on gloo (`ref`), within rtol/atol; the result is also recorded
+    for the harness's check that every rank ended alike."""
+    prefix = f"{what}: " if what else ""
+    for k, (a, b) in enumerate(zip(got, ref)):
+        try:
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+        except AssertionError as e:
+            raise AssertionError(f"{prefix}parameter {k} differs from the gloo run: {e}") from None
+    ctx.digest(*got)
+
+
 def train_steps(ddp, opt, steps: int, key: str, rank: int, in_dim: int, out_dim: int = 4):
     """`steps` optimizer steps of a DDP model on seeded random batches (the
     same for a given key and rank on every backend); the parameters after."""
@@ -1596,12 +1609,7 @@ def c_ddp_matches_gloo(ctx):
             _KEEP_ALIVE.append(ddp)
             opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
             runs[name] = train_steps(ddp, opt, 5, "ddp", r, 16)
-        for k, (a, b) in enumerate(zip(runs["test"], runs["gloo"])):
-            try:
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-            except AssertionError as e:
-                raise AssertionError(f"parameter {k} differs from the gloo run: {e}") from None
-        ctx.digest(*runs["test"])
+        assert_same_params(ctx, runs["test"], runs["gloo"], None, rtol=1e-5, atol=1e-6)
     finally:
         dist.destroy_process_group(gloo)
 

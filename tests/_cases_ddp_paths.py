@@ -13,7 +13,7 @@ import copy
 import torch
 import torch.distributed as dist
 
-from _cases import _KEEP_ALIVE, _seed, add
+from _cases import _KEEP_ALIVE, _seed, add, assert_same_params
 from _cases_coverage import GROUP_SPECS, SUITE
 
 IN_DIM, OUT_DIM = 12, 4
@@ -67,12 +67,7 @@ def _versus_gloo(ctx, make_model, ddp_kwargs: dict, run, what: str, make_opt=Non
         opt = (make_opt or (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)))(ddp.parameters())
         run(ddp, opt, name)
         params[name] = [p.detach().clone() for p in ddp.module.parameters()]
-    for k, (a, b) in enumerate(zip(params["test"], params["gloo"])):
-        try:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-        except AssertionError as e:
-            raise AssertionError(f"{what}: parameter {k} differs from the gloo run: {e}") from None
-    ctx.digest(*params["test"])
+    assert_same_params(ctx, params["test"], params["gloo"], what, rtol=1e-5, atol=1e-6)
 
 
 def c_ddp_no_sync(ctx):

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from _cases import FLOATS, _op_re, add, reduction_bound, ref_reduce
+from _cases import FLOATS, _op_re, add, assert_same_params, reduction_bound, ref_reduce
 
 # The compiled and training cases run in groups of their own, so that their
 # compile time does not eat into the budget of the collective specs.
@@ -425,15 +425,6 @@ def _full_params(model):
             for p in model.parameters()]
 
 
-def _assert_same_params(ctx, got, ref, what):
-    for k, (a, b) in enumerate(zip(got, ref)):
-        try:
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-        except AssertionError as e:
-            raise AssertionError(f"{what}: parameter {k} differs from the gloo run: {e}") from None
-    ctx.digest(*got)
-
-
 def _meshes(shape, names):
     """The same mesh on the backend under test and on gloo."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -458,7 +449,7 @@ def c_fsdp2(ctx, shape):
         fully_shard(model, mesh=mesh)
         _train(model, 4, ctx.rank)
         runs[label] = _full_params(model)
-    _assert_same_params(ctx, runs["test"], runs["gloo"], f"FSDP2 on a {shape} mesh")
+    assert_same_params(ctx, runs["test"], runs["gloo"], f"FSDP2 on a {shape} mesh", rtol=1e-6, atol=1e-7)
 
 
 def c_dtensor_tp(ctx):
@@ -474,7 +465,7 @@ def c_dtensor_tp(ctx):
         # Every rank feeds the same batch (tensor parallelism splits weights, not data).
         _train(model, 4, 0)
         runs[label] = _full_params(model)
-    _assert_same_params(ctx, runs["test"], runs["gloo"], "DTensor tensor parallel")
+    assert_same_params(ctx, runs["test"], runs["gloo"], "DTensor tensor parallel", rtol=1e-6, atol=1e-7)
 
 
 def _register():

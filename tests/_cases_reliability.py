@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from _cases import OP_RE, _KEEP_ALIVE, add, ref_reduce, train_steps
+from _cases import OP_RE, _KEEP_ALIVE, add, assert_same_params, ref_reduce, train_steps
 
 S = "reliability"
 
@@ -81,12 +81,7 @@ def c_ddp_comm_hook_matches_gloo(ctx, hook):
     # units in the last place of the compressed dtype, times the learning
     # rate, per step. Uncompressed hooks differ only in float32 rounding.
     eps = {"fp16_compress": 2.0 ** -10, "bf16_compress": 2.0 ** -7}.get(hook, 2.0 ** -20)
-    for k, (a, b) in enumerate(zip(runs["test"], runs["gloo"])):
-        try:
-            torch.testing.assert_close(a, b, rtol=4 * eps, atol=6 * 0.05 * eps)
-        except AssertionError as e:
-            raise AssertionError(f"{hook}: parameter {k} differs from the gloo run: {e}") from None
-    ctx.digest(*runs["test"])
+    assert_same_params(ctx, runs["test"], runs["gloo"], hook, rtol=4 * eps, atol=6 * 0.05 * eps)
 
 
 def c_future_chain(ctx):
