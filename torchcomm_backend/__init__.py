@@ -14,7 +14,8 @@ The TorchComm-style API (torchcomm_backend.comm) is loaded on first use:
 """
 
 import importlib
-import json
+
+from torchcomm_backend._extension import build_info, load_extension
 
 __version__ = "0.1.0"
 
@@ -22,7 +23,7 @@ __all__ = ["__version__", "build_info", "load_extension", "new_comm", "ReduceOp"
            "TorchCommWindow"]
 
 # name -> module of the lazily loaded API (the entry point must stay cheap).
-_LAZY = {"new_comm": "comm", "TorchComm": "comm", "TorchWork": "comm",
+_LAZY = {"new_comm": "comm", "TorchComm": "comm", "TorchWork": "_policy",
          "ReduceOp": "_options", "TorchCommWindow": "_window"}
 
 
@@ -34,28 +35,8 @@ def __getattr__(name):
     globals()[name] = value
     return value
 
+
 _BACKEND_NAME = "tccomm"
-
-_extension = None
-
-
-def load_extension():
-    """Loads torchcomm_backend._C (once), which registers torch.ops.tccomm.*."""
-    global _extension
-    if _extension is None:
-        _extension = importlib.import_module("torchcomm_backend._C")
-    return _extension
-
-
-def build_info():
-    """What the extension was built with, e.g.
-    {"cuda": True, "nccl_header_version": 23007, "nccl_runtime_version": 23007,
-     "nccl_error": ""} (runtime version None, with the reason, when NCCL
-    cannot be loaded)."""
-    load_extension()
-    import torch
-
-    return json.loads(torch.ops.tccomm.build_info())
 
 
 def _devices():

@@ -14,7 +14,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from torchcomm_backend import load_extension
+from torchcomm_backend._extension import load_extension
 
 
 def create(opts, pg_options=None):

@@ -26,46 +26,51 @@ already complete.
 
 import torch
 
-from torchcomm_backend.comm import TorchWork
+from torchcomm_backend._policy import TorchWork
 
 
 class TorchCommWindow:
-    def __init__(self, comm):
-        self._comm = comm
+    """Made by TorchComm.new_window(): `policy` is the communicator's
+    (_policy.CommPolicy: its identity, timeout and error policy), `pg` the
+    ProcessGroup whose tccomm backend the window is created on."""
+
+    def __init__(self, policy, pg):
+        self._policy = policy
+        self._pg = pg
         self._handle = None
         self._dtype = None
         self._shape = None
         self._peer_bytes = None
 
     def get_size(self):
-        return self._comm.get_size()
+        return self._policy.size
 
     def tensor_register(self, tensor):
         """Collective: every rank of the communicator registers one CPU tensor."""
         op = "tensor_register"
-        comm = self._comm
-        comm._usable(op)
+        policy = self._policy
+        policy.check_usable(op)
         problem = _register_problem(tensor)
         if self._handle is not None:
             problem = RuntimeError(f"tccomm: window {op}: a tensor is registered already; "
                                    "call tensor_deregister() first")
-        timeout_ms = _ms(comm._timeout)
+        timeout_ms = _ms(policy.timeout)
         if problem is not None:
             # Still take part, declining: the other ranks then fail at once
             # (naming this rank) instead of waiting for their timeout.
             try:
-                torch.ops.tccomm.window_create(comm._pg.boxed(), -1, timeout_ms)
+                torch.ops.tccomm.window_create(self._pg.boxed(), -1, timeout_ms)
             except Exception:  # noqa: BLE001  (the error to report is `problem`)
                 pass
             raise problem
         try:
-            handle = torch.ops.tccomm.window_create(comm._pg.boxed(), tensor.numel() * tensor.element_size(),
+            handle = torch.ops.tccomm.window_create(self._pg.boxed(), tensor.numel() * tensor.element_size(),
                                                     timeout_ms)
         except torch.distributed.DistError as err:
-            comm._failed(op, err)
+            policy.failed(op, err)
         self._handle = handle
         self._dtype, self._shape = tensor.dtype, tuple(tensor.shape)
-        local = torch.ops.tccomm.window_view(handle, comm.get_rank(), tensor.dtype, list(tensor.shape))
+        local = torch.ops.tccomm.window_view(handle, policy.rank, tensor.dtype, list(tensor.shape))
         local.copy_(tensor)
         with torch.no_grad():
             tensor.set_(local.untyped_storage(), 0, local.shape, local.stride())
@@ -87,28 +92,27 @@ class TorchCommWindow:
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"tccomm: window put: offset must be a non-negative element index, got {offset!r}")
         torch.ops.tccomm.window_put(self._handle, tensor, dst_rank, offset * tensor.element_size())
-        return TorchWork(self._comm, op, None)
+        return TorchWork(self._policy, op, None)
 
     def signal(self, dst_rank, async_op=False, hints=None, timeout=None):
         self._check("signal", hints)
         torch.ops.tccomm.window_signal(self._handle, dst_rank)
-        return TorchWork(self._comm, "signal", None)
+        return TorchWork(self._policy, "signal", None)
 
     def wait_signal(self, peer_rank, async_op=False, hints=None, timeout=None):
         op = "wait_signal"
         self._check(op, hints)
-        comm = self._comm
-        timeout = comm._begin(op, hints, timeout)
+        timeout = self._policy.begin(op, hints, timeout)
         try:
             torch.ops.tccomm.window_wait_signal(self._handle, peer_rank, _ms(timeout))
         except torch.distributed.DistError as err:
-            comm._failed(op, err)
-        return TorchWork(comm, op, None)
+            self._policy.failed(op, err)
+        return TorchWork(self._policy, op, None)
 
     def map_remote_tensor(self, rank):
         """A zero-copy view of `rank`'s registered buffer."""
         self._check("map_remote_tensor", None)
-        size = self._comm.get_size()
+        size = self._policy.size
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
             raise ValueError(f"tccomm: window map_remote_tensor: rank {rank!r} is out of range [0, {size})")
         mine = torch.Size(self._shape).numel()
@@ -118,7 +122,7 @@ class TorchCommWindow:
         return torch.ops.tccomm.window_view(self._handle, rank, self._dtype, shape)
 
     def _check(self, op, hints):
-        self._comm._begin(op, hints, None)
+        self._policy.begin(op, hints, None)
         if self._handle is None:
             raise RuntimeError(f"tccomm: window {op}: no tensor is registered (call tensor_register first)")
 

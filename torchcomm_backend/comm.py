@@ -14,7 +14,6 @@ Arguments the backend rejects before sending anything raise and change nothing.
 """
 
 import os
-import sys
 import threading
 
 import torch
@@ -22,32 +21,15 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from torchcomm_backend import _options
+from torchcomm_backend._extension import build_info
+from torchcomm_backend._policy import CommPolicy, TorchWork  # noqa: F401  (TorchWork re-exported)
+from torchcomm_backend._window import TorchCommWindow
 from torchcomm_backend._options import ReduceOp, to_c10d_op  # noqa: F401  (ReduceOp re-exported)
 
 BACKEND_NAME = "tccomm"
 
 _env_stores = {}  # (addr, port) -> TCPStore, one per process
 _unnamed = [0]    # communicators created without a name, in this process
-
-
-class TorchWork:
-    """What every op returns: is_completed() and wait()."""
-
-    def __init__(self, comm, op, work):
-        self._comm = comm
-        self._op = op
-        self._work = work  # None: finished when returned
-
-    def is_completed(self):
-        return self._work is None or self._work.is_completed()
-
-    def wait(self):
-        if self._work is not None:
-            try:
-                self._work.wait()
-            except Exception as err:  # noqa: BLE001  (every failure goes through the policy)
-                self._comm._failed(self._op, err)
-            self._work = None
 
 
 def new_comm(backend, device, *, store=None, timeout=None, name=None, hints=None,
@@ -96,8 +78,6 @@ def _check_device(device):
     if device.type != "cuda":
         raise ValueError(f"tccomm: new_comm: device {device} is not supported; "
                          "use torch.device('cpu') or a CUDA device")
-    from torchcomm_backend import build_info
-
     if not build_info()["cuda"]:
         raise RuntimeError("tccomm: new_comm: this build of tccomm has no CUDA path (it was built "
                            "against a torch without CUDA); use torch.device('cpu')")
@@ -153,8 +133,7 @@ class TorchComm:
         self._name = name
         self._hints = hints
         self._abort = abort
-        self._failure = None  # why the communicator is unusable
-        self._finalized = False
+        self._policy = CommPolicy(name, rank, size, timeout, abort)
         self._splits = 0
         self._lock = threading.Lock()  # per-op timeouts of send/recv
         return self
@@ -178,8 +157,8 @@ class TorchComm:
 
     def finalize(self):
         """Waits for the issued ops and frees the communicator; ops raise afterwards."""
-        if not self._finalized:
-            self._finalized = True
+        if not self._policy.finalized:
+            self._policy.finalized = True
             self._backend.shutdown()
 
     def split(self, ranks, name=None, hints=None):
@@ -188,7 +167,7 @@ class TorchComm:
         Every rank of this communicator calls it; those in the same group pass
         the same list. [] returns None; a list without this rank raises.
         """
-        self._usable("split")
+        self._policy.check_usable("split")
         self._splits += 1  # counted on every rank, whatever it passes
         ranks = list(ranks)
         if not ranks:
@@ -213,10 +192,8 @@ class TorchComm:
 
     def new_window(self):
         """A one-sided window (see torchcomm_backend._window)."""
-        from torchcomm_backend._window import TorchCommWindow
-
-        self._usable("new_window")
-        return TorchCommWindow(self)
+        self._policy.check_usable("new_window")
+        return TorchCommWindow(self._policy, self._pg)
 
     # ---- point to point -----------------------------------------------------
 
@@ -227,7 +204,7 @@ class TorchComm:
         return self._p2p("recv", self._backend.recv, tensor, src, async_op, hints, timeout)
 
     def _p2p(self, op, call, tensor, peer, async_op, hints, timeout):
-        timeout = self._begin(op, hints, timeout)
+        timeout = self._policy.begin(op, hints, timeout)
         # c10d's send/recv take no options: the op takes the communicator's
         # timeout when issued, so set it around the call.
         with self._lock:
@@ -317,23 +294,9 @@ class TorchComm:
 
     # ---- plumbing ---------------------------------------------------------------
 
-    def _usable(self, op):
-        if self._finalized:
-            raise RuntimeError(f"tccomm: {op} on communicator '{self._name}' (rank {self._rank}): "
-                               f"the communicator was finalized")
-        if self._failure is not None:
-            raise dist.DistBackendError(f"tccomm: {op} on communicator '{self._name}' (rank {self._rank}): "
-                                        f"the communicator is unusable after {self._failure}")
-
-    def _begin(self, op, hints, timeout):
-        """Checks the communicator and the common arguments; the op's timeout."""
-        self._usable(op)
-        _options.check_hints(hints, _options.OP_HINTS, op)
-        return _options.as_timedelta(timeout, op) or self._timeout
-
     def _opts(self, op, cls, hints, timeout):
         opts = cls()
-        opts.timeout = self._begin(op, hints, timeout)
+        opts.timeout = self._policy.begin(op, hints, timeout)
         return opts
 
     def _issue(self, op, async_op, call):
@@ -341,24 +304,9 @@ class TorchComm:
             work = call()
         except dist.DistError as err:
             # The core refused to start it (failed communicator, ...).
-            self._failed(op, err)
+            self._policy.failed(op, err)
         # Anything else is a bad argument: raised before anything was sent.
-        result = TorchWork(self, op, work)
+        result = TorchWork(self._policy, op, work)
         if not async_op:
             result.wait()
         return result
-
-    def _failed(self, op, err):
-        """The error policy for an op that failed or timed out. Never returns."""
-        cause = f"{op} failed: {type(err).__name__}: {err}"
-        if self._failure is None:
-            self._failure = cause
-        if self._abort:
-            sys.stdout.flush()
-            print(f"tccomm: {op} on communicator '{self._name}' (rank {self._rank} of {self._size}) "
-                  f"failed or timed out; aborting the process (abort_process_on_timeout_or_error is set; "
-                  f"pass False or set TORCHCOMM_ABORT_ON_ERROR=0 to get an exception instead).\n"
-                  f"cause: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-            os.abort()
-        raise dist.DistBackendError(f"tccomm: {op} on communicator '{self._name}' (rank {self._rank}): "
-                                    f"{type(err).__name__}: {err}") from err
