@@ -20,8 +20,9 @@ import time
 import torch
 import torch.distributed as dist
 
-import _cases as C
-from _cases import add, ref_reduce
+from _dist_ops import all_gather_tensor
+from _reference import ref_reduce
+from _registry import add
 from _cases_coverage import GROUP_SPECS, SUITE
 
 THREADS = 4
@@ -85,7 +86,7 @@ def _thread_op(ctx, k: int, j: int, g, members: list[int]):
         w = dist.broadcast(t, src=root, group=g, async_op=True)
         return w, lambda: ctx.compare(t, exp, f"broadcast {j} from {root}")
     out = ctx.garbage(len(members) * n, "int64")
-    w = C._all_gather_tensor(out, ctx.inp(r, n, "int64", tag=tag), group=g, async_op=True)
+    w = all_gather_tensor(out, ctx.inp(r, n, "int64", tag=tag), group=g, async_op=True)
     exp = torch.cat([ctx.inp(q, n, "int64", tag=tag) for q in members])
     return w, lambda: ctx.compare(out, exp, f"all_gather_into_tensor {j}")
 

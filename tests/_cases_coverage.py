@@ -10,35 +10,12 @@ The groups these cases run in are their own specs (kind "coverage" and
   w2-shm-env-huge, w2-tcp-env-huge             tensors over 2**31 bytes / elements
 
 The cases themselves live in _cases_scale.py, _cases_concurrency.py and
-_cases_ddp_paths.py; importing this module (done at the end of _cases.py)
-registers the specs and the cases.
+_cases_ddp_paths.py; this module only names the suite and its groups.
 """
-
-from __future__ import annotations
-
-from _cases import SPEC_BY_NAME, SPECS, Spec
 
 SUITE = "coverage"
 
+# Their specs are in tests/_registry.py (kinds "coverage" and "huge").
 W8_SPECS = ("w8-shm-env-coverage", "w8-tcp-file-coverage")
 GROUP_SPECS = ("w4-shm-tcpinit-coverage", "w3-tcp-env-coverage")
 HUGE_SPECS = ("w2-shm-env-huge", "w2-tcp-env-huge")
-
-_NEW_SPECS = [
-    Spec("w8-shm-env-coverage", 8, "shm", "env", kind="coverage"),
-    Spec("w8-tcp-file-coverage", 8, "tcp", "file", kind="coverage"),
-    Spec("w4-shm-tcpinit-coverage", 4, "shm", "tcp", kind="coverage"),
-    Spec("w3-tcp-env-coverage", 3, "tcp", "env", kind="coverage"),
-    # A 2 GiB all_reduce on a loaded 2-core machine may take tens of seconds:
-    # the group timeout is not what these cases test.
-    Spec("w2-shm-env-huge", 2, "shm", "env", kind="huge", pg_timeout=600.0),
-    Spec("w2-tcp-env-huge", 2, "tcp", "env", kind="huge", pg_timeout=600.0),
-]
-for _spec in _NEW_SPECS:
-    if _spec.name not in SPEC_BY_NAME:  # idempotent if imported again
-        SPECS.append(_spec)
-        SPEC_BY_NAME[_spec.name] = _spec
-
-import _cases_concurrency  # noqa: E402,F401
-import _cases_ddp_paths  # noqa: E402,F401
-import _cases_scale  # noqa: E402,F401

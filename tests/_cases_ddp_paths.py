@@ -13,7 +13,9 @@ import copy
 import torch
 import torch.distributed as dist
 
-from _cases import _KEEP_ALIVE, _seed, add, assert_same_params
+from _reference import seed
+from _registry import add
+from _training import KEEP_ALIVE, assert_same_params
 from _cases_coverage import GROUP_SPECS, SUITE
 
 IN_DIM, OUT_DIM = 12, 4
@@ -41,7 +43,7 @@ def _mlp():
 
 
 def _batch(key, step: int, rank: int, micro: int = 0):
-    g = torch.Generator().manual_seed(_seed(key, step, rank, micro))
+    g = torch.Generator().manual_seed(seed(key, step, rank, micro))
     return torch.randn(8, IN_DIM, generator=g), torch.randn(8, OUT_DIM, generator=g)
 
 
@@ -59,11 +61,11 @@ def _versus_gloo(ctx, make_model, ddp_kwargs: dict, run, what: str, make_opt=Non
     model = make_model()
     ref_model = copy.deepcopy(model)
     gloo = dist.new_group(list(range(W)), backend="gloo")
-    _KEEP_ALIVE.append(gloo)  # see c_ddp_matches_gloo in _cases.py
+    KEEP_ALIVE.append(gloo)  # see c_ddp_matches_gloo in _cases_ddp.py
     params = {}
     for name, m, pg in (("test", model, None), ("gloo", ref_model, gloo)):
         ddp = DDP(m, process_group=pg, bucket_cap_mb=0.001, **ddp_kwargs)
-        _KEEP_ALIVE.append(ddp)
+        KEEP_ALIVE.append(ddp)
         opt = (make_opt or (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)))(ddp.parameters())
         run(ddp, opt, name)
         params[name] = [p.detach().clone() for p in ddp.module.parameters()]
@@ -164,7 +166,7 @@ def c_ddp_sparse_gradients(ctx):
 
     def run(ddp, opt, backend):
         for step in range(4):
-            g = torch.Generator().manual_seed(_seed("sparse", step, r))
+            g = torch.Generator().manual_seed(seed("sparse", step, r))
             ids = torch.randint(0, 50, (8, 3), generator=g)
             y = torch.randn(8, OUT_DIM, generator=g)
             opt.zero_grad()
@@ -180,7 +182,7 @@ def _sparse_input(rank: int, shape, nnz: int, dense_tail=()):
     """Rank `rank`'s sparse COO input: `nnz` entries at seeded indices
     (duplicates included, so coalescing matters), small integer values so
     every sum is exact."""
-    g = torch.Generator().manual_seed(_seed("sparse_all_reduce", rank, tuple(shape)))
+    g = torch.Generator().manual_seed(seed("sparse_all_reduce", rank, tuple(shape)))
     sparse_dims = len(shape) - len(dense_tail)
     idx = torch.stack([torch.randint(0, shape[d], (nnz,), generator=g) for d in range(sparse_dims)])
     vals = torch.randint(-8, 9, (nnz, *dense_tail), generator=g).to(torch.float64)

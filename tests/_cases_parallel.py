@@ -1,7 +1,7 @@
 """Cases for functional collectives, torch.compile and PyTorch's parallelism
 stack (DeviceMesh, split, FSDP2, DTensor) on the backend under test.
 
-Registered into _cases.REGISTRY (imported at the end of _cases.py); reported
+Registered into the registry (tests/_registry.py); reported
 by tests/test_functional.py ("funcol"), tests/test_compile.py ("compile") and
 tests/test_parallel.py ("parallel"). References are plain torch computations
 on every rank's inputs, or the same training run on gloo in the same processes.
@@ -13,7 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from _cases import FLOATS, _op_re, add, assert_same_params, reduction_bound, ref_reduce
+from _messages import op_re
+from _reference import FLOATS, reduction_bound, ref_reduce
+from _registry import add
+from _training import assert_same_params
 
 # The compiled and training cases run in groups of their own, so that their
 # compile time does not eat into the budget of the collective specs.
@@ -227,13 +230,13 @@ def c_funcol_bad_input(ctx):
     ops = torch.ops._c10d_functional
     name = dist.group.WORLD.group_name
     ctx.expect_error(lambda: ops.all_reduce(torch.ones(3), "median", name),
-                     _op_re("all_reduce"), r"reduce op|median",
+                     op_re("all_reduce"), r"reduce op|median",
                      "all_reduce with an unknown reduce op")
     ctx.expect_error(lambda: ops.all_gather_into_tensor(torch.ones(3), W + 1, name),
-                     _op_re("all_gather_into_tensor"), r"group.?size|size",
+                     op_re("all_gather_into_tensor"), r"group.?size|size",
                      "all_gather_into_tensor with a wrong group_size")
     ctx.expect_error(lambda: ops.reduce_scatter_tensor(torch.ones(W * 2 + 1), "sum", W, name),
-                     _op_re("reduce_scatter_tensor"), r"divisible|size|numel",
+                     op_re("reduce_scatter_tensor"), r"divisible|size|numel",
                      "reduce_scatter_tensor of an indivisible input")
     ctx.check_usable()
 
@@ -396,7 +399,7 @@ def c_split_group(ctx):
         ctx.compare(b, torch.full((2,), float(order[0])), f"broadcast on split {mine}")
     if ctx.strict:
         ctx.expect_error(lambda: world.split_group([r, W + 3], timeout=ctx.timeout),
-                         _op_re("split"), r"rank|range|size|group",
+                         op_re("split"), r"rank|range|size|group",
                          "split with a rank outside the group")
     ctx.check_usable()
 

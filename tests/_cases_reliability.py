@@ -2,7 +2,7 @@
 and wait on further ops of the same group (DDP communication hooks),
 Work.wait(timeout) with a late peer.
 
-Registered into _cases.REGISTRY (imported at the end of _cases.py) and
+Registered into the registry (tests/_registry.py) and
 reported by tests/test_reliability.py (suite "reliability"). References are
 plain torch computations on every rank's inputs, or the same training run on
 gloo in the same processes.
@@ -18,7 +18,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from _cases import OP_RE, _KEEP_ALIVE, add, assert_same_params, ref_reduce, train_steps
+from _messages import OP_RE
+from _reference import ref_reduce
+from _registry import add
+from _training import KEEP_ALIVE, assert_same_params, train_steps
 
 S = "reliability"
 
@@ -70,12 +73,12 @@ def c_ddp_comm_hook_matches_gloo(ctx, hook):
         # for them, several for the hooks whose continuations issue nothing.
         several = "powerSGD" not in hook
         ddp = DDP(m, process_group=pg, bucket_cap_mb=0.002 if several else 25)
-        _KEEP_ALIVE.append(ddp)  # see c_ddp_matches_gloo
+        KEEP_ALIVE.append(ddp)  # see c_ddp_matches_gloo
         fn, state = _hook_states(hook, pg)
         ddp.register_comm_hook(state, fn)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         runs[name] = train_steps(ddp, opt, 6, "hook", r, 24)
-    _KEEP_ALIVE.append(gloo)
+    KEEP_ALIVE.append(gloo)
     # tccomm sums float16/bfloat16 in float32 and rounds once, gloo rounds
     # after every addition: the compressed gradients may differ by a few
     # units in the last place of the compressed dtype, times the learning

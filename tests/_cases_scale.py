@@ -2,7 +2,7 @@
 (and released after), tensors over 2**31 bytes and over 2**31 elements.
 
 References are plain torch on every rank's recomputed inputs (the per-op
-cases of _cases.py, run here at 8 ranks) or, for the huge tensors, values
+cases of _cases_collectives.py, run here at 8 ranks) or, for the huge tensors, values
 derived from the element index and checked over the whole tensor.
 """
 
@@ -16,8 +16,12 @@ import time
 import torch
 import torch.distributed as dist
 
-import _cases as C
-from _cases import Skip, add, ref_reduce
+import _cases_collectives as coll
+import _cases_features as feat
+from _dist_ops import all_gather_tensor
+from _reference import LARGE, ref_reduce
+from _registry import Skip, add
+from _resources import open_sockets, shm_mappings
 from _cases_coverage import GROUP_SPECS, HUGE_SPECS, SUITE, W8_SPECS
 
 # --------------------------------------------------------------------------
@@ -31,39 +35,39 @@ def _register_w8():
     def w8(name, fn, **params):
         add(f"w8-{name}", SUITE, fn, specs=W8_SPECS, **params)
 
-    w8("all_reduce-float32-SUM-n1023", C.c_all_reduce, dtype="float32", redop="SUM", n=1023)
-    w8(f"all_reduce-float32-SUM-n{C.LARGE}", C.c_all_reduce, dtype="float32", redop="SUM",
-       n=C.LARGE)
-    w8("all_reduce-int64-MAX-n1023-async", C.c_all_reduce, dtype="int64", redop="MAX",
+    w8("all_reduce-float32-SUM-n1023", coll.c_all_reduce, dtype="float32", redop="SUM", n=1023)
+    w8(f"all_reduce-float32-SUM-n{LARGE}", coll.c_all_reduce, dtype="float32", redop="SUM",
+       n=LARGE)
+    w8("all_reduce-int64-MAX-n1023-async", coll.c_all_reduce, dtype="int64", redop="MAX",
        n=1023, async_op=True)
-    w8("all_reduce-bfloat16-SUM-n1023", C.c_all_reduce, dtype="bfloat16", redop="SUM", n=1023)
-    w8("broadcast-int32-n1023", C.c_broadcast, dtype="int32", n=1023)
-    w8(f"broadcast-float32-n{C.LARGE}", C.c_broadcast, dtype="float32", n=C.LARGE)
-    w8("reduce-float64-SUM-n1023", C.c_reduce, dtype="float64", redop="SUM", n=1023)
-    w8(f"reduce-float32-MIN-n{W8_MID}", C.c_reduce, dtype="float32", redop="MIN", n=W8_MID)
-    w8("all_gather-int16-n1023", C.c_all_gather, dtype="int16", n=1023,
+    w8("all_reduce-bfloat16-SUM-n1023", coll.c_all_reduce, dtype="bfloat16", redop="SUM", n=1023)
+    w8("broadcast-int32-n1023", coll.c_broadcast, dtype="int32", n=1023)
+    w8(f"broadcast-float32-n{LARGE}", coll.c_broadcast, dtype="float32", n=LARGE)
+    w8("reduce-float64-SUM-n1023", coll.c_reduce, dtype="float64", redop="SUM", n=1023)
+    w8(f"reduce-float32-MIN-n{W8_MID}", coll.c_reduce, dtype="float32", redop="MIN", n=W8_MID)
+    w8("all_gather-int16-n1023", coll.c_all_gather, dtype="int16", n=1023,
        gloo_skip="gloo does not implement int16")
-    w8(f"all_gather_into_tensor-float32-n{W8_MID}", C.c_all_gather_into_tensor,
+    w8(f"all_gather_into_tensor-float32-n{W8_MID}", coll.c_all_gather_into_tensor,
        dtype="float32", n=W8_MID)
-    w8("gather-uint8-n1023", C.c_gather, dtype="uint8", n=1023)
-    w8(f"gather-float32-n{W8_MID}", C.c_gather, dtype="float32", n=W8_MID)
-    w8("scatter-int64-n1023", C.c_scatter, dtype="int64", n=1023)
-    w8(f"scatter-float32-n{W8_MID}", C.c_scatter, dtype="float32", n=W8_MID)
-    w8("reduce_scatter-int32-SUM-n1023", C.c_reduce_scatter, dtype="int32", redop="SUM",
+    w8("gather-uint8-n1023", coll.c_gather, dtype="uint8", n=1023)
+    w8(f"gather-float32-n{W8_MID}", coll.c_gather, dtype="float32", n=W8_MID)
+    w8("scatter-int64-n1023", coll.c_scatter, dtype="int64", n=1023)
+    w8(f"scatter-float32-n{W8_MID}", coll.c_scatter, dtype="float32", n=W8_MID)
+    w8("reduce_scatter-int32-SUM-n1023", coll.c_reduce_scatter, dtype="int32", redop="SUM",
        n=1023)
-    w8("reduce_scatter_tensor-float32-SUM-n1023", C.c_reduce_scatter_tensor,
+    w8("reduce_scatter_tensor-float32-SUM-n1023", coll.c_reduce_scatter_tensor,
        dtype="float32", redop="SUM", n=1023)
-    w8(f"reduce_scatter_tensor-float32-SUM-n{W8_MID}", C.c_reduce_scatter_tensor,
+    w8(f"reduce_scatter_tensor-float32-SUM-n{W8_MID}", coll.c_reduce_scatter_tensor,
        dtype="float32", redop="SUM", n=W8_MID)
-    w8("all_to_all_single-float32-n1023", C.c_all_to_all_single, dtype="float32", n=1023)
-    w8("all_to_all_single-int64-uneven", C.c_all_to_all_single_uneven, dtype="int64",
+    w8("all_to_all_single-float32-n1023", coll.c_all_to_all_single, dtype="float32", n=1023)
+    w8("all_to_all_single-int64-uneven", coll.c_all_to_all_single_uneven, dtype="int64",
        pattern="uneven")
-    w8("all_to_all-float32-uneven", C.c_all_to_all, dtype="float32", pattern="uneven",
+    w8("all_to_all-float32-uneven", coll.c_all_to_all, dtype="float32", pattern="uneven",
        gloo_skip="gloo does not implement all_to_all (lists)")
-    w8("barrier", C.c_barrier)
-    w8("send_recv_ring-float64-n1023", C.c_send_recv, dtype="float64", n=1023)
-    w8(f"send_recv_ring-float32-n{C.LARGE}", C.c_send_recv, dtype="float32", n=C.LARGE)
-    w8("batch_isend_irecv-n1000", C.c_batch_isend_irecv, n=1000)
+    w8("barrier", feat.c_barrier)
+    w8("send_recv_ring-float64-n1023", coll.c_send_recv, dtype="float64", n=1023)
+    w8(f"send_recv_ring-float32-n{LARGE}", coll.c_send_recv, dtype="float32", n=LARGE)
+    w8("batch_isend_irecv-n1000", feat.c_batch_isend_irecv, n=1000)
 
 
 # --------------------------------------------------------------------------
@@ -77,8 +81,8 @@ def _resources() -> dict:
     """What this process holds that a group could leak."""
     return {"fds": len(os.listdir("/proc/self/fd")),
             "threads": len(os.listdir("/proc/self/task")),
-            "sockets": C._sockets(),
-            "shm mappings": C._shm_mappings()}
+            "sockets": open_sockets(),
+            "shm mappings": shm_mappings()}
 
 
 def _segment_names(maps: list[str]) -> set[str]:
@@ -118,7 +122,7 @@ def _issue(ctx, kind: int, gi: int, rnd: int, members: list[int], g):
         return w, lambda: ctx.compare(t, exp, f"broadcast from {root} on group {gi} {members} "
                                               f"(round {rnd})")
     out = ctx.garbage(len(ms) * n, "int32")
-    w = C._all_gather_tensor(out, ctx.inp(r, n, "int32", tag=tag), group=g, async_op=True)
+    w = all_gather_tensor(out, ctx.inp(r, n, "int32", tag=tag), group=g, async_op=True)
     exp = torch.cat([ctx.inp(q, n, "int32", tag=tag) for q in ms])
     return w, lambda: ctx.compare(out, exp, f"all_gather_into_tensor on group {gi} {members} "
                                             f"(round {rnd})")
@@ -180,7 +184,7 @@ def c_dozens_of_groups(ctx):
         if is_member:
             assert dist.get_rank(g) == sorted(plan[gi]).index(r), \
                 f"group {gi} {plan[gi]}: rank {dist.get_rank(g)} for global rank {r}"
-    seen_segments = _segment_names(C._shm_mappings()) - _segment_names(before["shm mappings"])
+    seen_segments = _segment_names(shm_mappings()) - _segment_names(before["shm mappings"])
     if ctx.strict and ctx.transport == "shm":
         assert seen_segments, "no shared-memory segment mapped for the new groups"
     pending = []
@@ -344,7 +348,7 @@ def c_huge_all_gather(ctx):
     inp = torch.empty(part, dtype=torch.float32)
     _fill(inp, r)
     out = torch.empty(W * part, dtype=torch.float32)
-    C._all_gather_tensor(out, inp)
+    all_gather_tensor(out, inp)
     del inp
     for q in range(W):
         _check_huge(ctx, out[q * part:(q + 1) * part], [q],

@@ -19,8 +19,8 @@ Scenarios:
             `ops` accept a right result (in another order of the ranks) and
             reject wrong ones
 
-References and comparisons are tests/_cases.py's (the CPU suite's): NCCL
-sums in an order of its own (floats within _cases.reduction_bound); MIN, MAX,
+References and comparisons are tests/_reference.py's (the CPU suite's): NCCL
+sums in an order of its own (floats within ref.reduction_bound); MIN, MAX,
 integers, bool and moved data are compared exactly (moved data bit for bit).
 """
 
@@ -36,12 +36,12 @@ faulthandler.enable()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import _cases  # noqa: E402  (tests/ is this script's directory: first on sys.path)
+import _reference as ref  # noqa: E402  (tests/ is this script's directory: first on sys.path)
 
 RANK = 0    # set by main() from the environment torchrun-style launchers give
 WORLD = 1
 DEV = torch.device("cuda", 0)
-FLOAT_NAMES = _cases.FLOATS
+FLOAT_NAMES = ref.FLOATS
 DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16", "int8", "int32", "int64",
                "uint8", "bool")  # NCCL reduces no int16
 R = dist.ReduceOp
@@ -51,13 +51,13 @@ REDOPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL_SUM")
 def inp(key, rank, n, dtype, redop="SUM"):
     """Rank `rank`'s input for `key`: signed values (integers over their whole
     range, smaller for AVG so that sums do not wrap), deterministic on every rank."""
-    return _cases.make_input(("cuda", key), rank, n, dtype, _cases.input_kind(redop))
+    return ref.make_input(("cuda", key), rank, n, dtype, ref.input_kind(redop))
 
 
 def hostile(key, rank, n, dtype):
     """Hostile bit patterns (NaN payloads, -0.0, subnormals, integer extremes)
     for data that is only moved."""
-    return _cases.special_input(("cuda", key), rank, n, dtype)
+    return ref.special_input(("cuda", key), rank, n, dtype)
 
 
 def nccl_extra_roundings(redop, world):
@@ -69,13 +69,13 @@ def nccl_extra_roundings(redop, world):
 def check_reduced(got, xs, dtype, redop, what):
     """`got` (any device) is the reduction of the host tensors `xs`."""
     exact = dtype not in FLOAT_NAMES or redop in ("MIN", "MAX")
-    bound = None if exact else _cases.reduction_bound(
+    bound = None if exact else ref.reduction_bound(
         xs, dtype, redop, nccl_extra_roundings(redop, len(xs)))
-    _cases.compare(got.cpu(), _cases.ref_reduce(xs, dtype, redop), what, exact, bound=bound)
+    ref.compare(got.cpu(), ref.ref_reduce(xs, dtype, redop), what, exact, bound=bound)
 
 
 def check_moved(got, expected, what):
-    _cases.compare(got.cpu(), expected, what, bits=True)
+    ref.compare(got.cpu(), expected, what, bits=True)
 
 
 def expect_error(fn, *words):
@@ -99,11 +99,11 @@ def check_all_reduce():
     n = 1001
     for dtype in DTYPE_NAMES:
         for redop in REDOPS:
-            if _cases.redop_error(dtype, redop):
+            if ref.redop_error(dtype, redop):
                 continue
             xs = [inp(("ar", dtype, redop), q, n, dtype, redop) for q in range(WORLD)]
             t = on_gpu(xs[RANK])
-            dist.all_reduce(t, op=_cases.make_redop(redop))
+            dist.all_reduce(t, op=ref.make_redop(redop))
             check_reduced(t, xs, dtype, redop, f"all_reduce {redop} on {dtype}")
     for redop in ("BAND", "BOR"):
         xs = [inp(("bw", redop), q, 77, "bool") for q in range(WORLD)]
@@ -118,7 +118,7 @@ def check_movement():
     for dtype in ("float32", "int16", "bfloat16", "bool", "float16"):
         def x(key, q, size=n, dtype=dtype):
             return hostile((key, dtype), q, size, dtype)
-        dt = _cases.tdtype(dtype)
+        dt = ref.tdtype(dtype)
 
         t = on_gpu(x("bc", RANK))
         dist.broadcast(t, src=root)
@@ -178,13 +178,13 @@ def check_reductions_rooted():
             check_reduced(t, xs, dtype, "SUM", f"reduce SUM {dtype} at 0")
 
         ins = [[inp(("rs", dtype, j), q, 64, dtype) for j in range(WORLD)] for q in range(WORLD)]
-        out = torch.empty(64, dtype=_cases.tdtype(dtype), device=DEV)
+        out = torch.empty(64, dtype=ref.tdtype(dtype), device=DEV)
         dist.reduce_scatter(out, [on_gpu(t) for t in ins[RANK]], op=R.MAX)
         check_reduced(out, [ins[q][RANK] for q in range(WORLD)], dtype, "MAX",
                       f"reduce_scatter list MAX {dtype}")
 
         full = [inp(("rst", dtype), q, 64 * WORLD, dtype) for q in range(WORLD)]
-        out = torch.empty(64, dtype=_cases.tdtype(dtype), device=DEV)
+        out = torch.empty(64, dtype=ref.tdtype(dtype), device=DEV)
         dist.reduce_scatter_tensor(out, on_gpu(full[RANK]), op=R.SUM)
         check_reduced(out, [f[64 * RANK:64 * (RANK + 1)] for f in full], dtype, "SUM",
                       f"reduce_scatter_tensor SUM {dtype}")
@@ -361,18 +361,18 @@ def scenario_selfcheck():
     for world in (2, 3, 4):
         for dtype in DTYPE_NAMES:
             for redop in REDOPS:
-                if _cases.redop_error(dtype, redop):
+                if ref.redop_error(dtype, redop):
                     continue
                 xs = [inp(("self", dtype, redop), q, 1001, dtype, redop) for q in range(world)]
                 what = f"selfcheck W={world} {redop} on {dtype}"
-                check_reduced(_cases.ref_reduce(xs[::-1], dtype, redop), xs, dtype, redop, what)
+                check_reduced(ref.ref_reduce(xs[::-1], dtype, redop), xs, dtype, redop, what)
                 if dtype in ("float16", "bfloat16"):
-                    check_reduced(_cases.ref_reduce(xs[::-1], dtype, redop, accumulate=dtype),
+                    check_reduced(ref.ref_reduce(xs[::-1], dtype, redop, accumulate=dtype),
                                   xs, dtype, redop, what + " (rounded every step)")
-                wrong = [_cases.ref_reduce(xs[:-1], dtype, redop)]  # a rank left out
+                wrong = [ref.ref_reduce(xs[:-1], dtype, redop)]  # a rank left out
                 if redop == "AVG" and dtype in FLOAT_NAMES:
-                    total = _cases.ref_reduce(xs, dtype, "SUM").double()
-                    wrong.append((total / (world - 1)).to(_cases.tdtype(dtype)))
+                    total = ref.ref_reduce(xs, dtype, "SUM").double()
+                    wrong.append((total / (world - 1)).to(ref.tdtype(dtype)))
                 for bad in wrong:
                     try:
                         check_reduced(bad, xs, dtype, redop, what + " (wrong result)")
@@ -382,7 +382,7 @@ def scenario_selfcheck():
     for dtype in ("float32", "int16", "bfloat16", "bool", "float16"):
         x = hostile("self", 0, 513, dtype)
         check_moved(x.clone(), x, f"selfcheck moved {dtype}")
-        bits = _cases.bits_of(x).clone()
+        bits = ref.bits_of(x).clone()
         if dtype in FLOAT_NAMES:  # another NaN payload: equal as a value, not as bits
             bits[torch.isnan(x).nonzero()[0, 0]] ^= 4
         else:

@@ -1,6 +1,6 @@
 """Parent side of the multi-process tests.
 
-A *spec* (tests/_cases.py: world size x transport x init method) is run once
+A *spec* (tests/_registry.py: world size x transport x init method) is run once
 per pytest session: its ranks are spawned as separate processes
 (tests/_worker.py), run every selected case of that spec in order, and report
 events (tests/_rank.py) from which pytest reports one test per case, plus one
@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 
-import _cases
+import _registry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_worker.py")
@@ -59,7 +59,7 @@ INIT_TIMEOUT = float(os.environ.get("TCCOMM_TEST_INIT_TIMEOUT", "150"))
 SPEC_BUDGET = float(os.environ.get("TCCOMM_TEST_SPEC_BUDGET", "600"))
 MAX_ATTEMPTS = int(os.environ.get("TCCOMM_TEST_MAX_RESTARTS", "25")) + 1
 
-TEARDOWN = _cases.TEARDOWN  # the pseudo-case of each group: everything after its last case
+TEARDOWN = _registry.TEARDOWN  # the pseudo-case of each group: everything after its last case
 
 # (spec name) -> case names selected by pytest in this session (see conftest.py)
 SELECTED: dict[str, set[str]] = {}
@@ -104,7 +104,7 @@ def _describe_exit(code: int | None) -> str:
 
 def _hang_limit(case: str) -> float:
     """A case's own hang limit (0 when it has none)."""
-    c = _cases.REGISTRY.get(case)
+    c = _registry.all_cases().get(case)
     return c.hang_limit if c is not None else 0.0
 
 
@@ -323,7 +323,7 @@ def teardown_result(run: Run, what: str) -> Result:
 
 
 # ----------------------------------------------------------------------
-# the specs of tests/_cases.py
+# the specs of tests/_registry.py
 # ----------------------------------------------------------------------
 
 
@@ -358,9 +358,9 @@ class Runner:
 
     def result(self, spec_name: str, case_name: str) -> Result:
         if spec_name not in self.results:
-            spec = _cases.SPEC_BY_NAME[spec_name]
+            spec = _registry.SPEC_BY_NAME[spec_name]
             wanted = self.selected.get(spec_name)
-            names = [c.name for c in _cases.cases_for(spec)
+            names = [c.name for c in _registry.cases_for(spec)
                      if wanted is None or c.name in wanted]
             if case_name not in names and case_name != TEARDOWN:
                 names.append(case_name)
@@ -371,7 +371,7 @@ class Runner:
             case_name, Result("fail", "harness: no result recorded for this case"))
 
     # ------------------------------------------------------------------
-    def _run_spec(self, spec: _cases.Spec, names: list[str]):
+    def _run_spec(self, spec: _registry.Spec, names: list[str]):
         results: dict[str, Result] = {}
         remaining = list(names)
         t_start = time.monotonic()

@@ -43,7 +43,9 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    import _cases
+    import _ctx
+    import _registry
+    import _resources
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", cfg["store_port"], world, False,
@@ -59,7 +61,7 @@ def main() -> int:
         keys = [f"{prefix}/{name}/v{q}" for q in range(world)]
         return [v.decode() for v in store.multi_get(keys)]
 
-    baseline = {"sockets": _cases._socket_count()}
+    baseline = {"sockets": _resources.socket_count()}
     meet("<pre-init>", "ok")  # start init together: the group timeout may be short
     try:
         if cfg["backend"] == "tccomm":
@@ -77,18 +79,19 @@ def main() -> int:
         return EXIT_INIT_FAILED
     emit(event="result", case="<init>", status="pass", msg="")
 
-    ctx = _cases.Ctx(cfg, rank, store, baseline)
+    ctx = _ctx.Ctx(cfg, rank, store, baseline)
+    registry = _registry.all_cases()
     for name in cfg["cases"]:
-        case = _cases.REGISTRY[name]
+        case = registry[name]
         ctx.case = name
         ctx.digest_value = None
         emit(event="start", case=name, t=time.time())
         status, msg = "pass", ""
         try:
             if cfg["backend"] == "gloo" and case.gloo_skip:
-                raise _cases.Skip(case.gloo_skip)
+                raise _registry.Skip(case.gloo_skip)
             case.fn(ctx, **case.params)
-        except _cases.Skip as e:
+        except _registry.Skip as e:
             status, msg = "skip", str(e)
         except AssertionError as e:
             status, msg = "fail", str(e) or traceback.format_exc(limit=-2)

@@ -13,7 +13,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _cases  # noqa: E402
+import _registry  # noqa: E402
+from _messages import missing_parts_phrase  # noqa: E402
 import _harness  # noqa: E402
 
 # Summaries other tests want printed at the end (e.g. the C unit tests).
@@ -83,13 +84,13 @@ def _keep_one_teardown_per_group(config, items, teardowns):
 
 class MessageGap(AssertionError):
     """A case failed exactly because tccomm's error lacks a known part (see
-    Case.msg_gap in tests/_cases.py)."""
+    Case.msg_gap in tests/_registry.py)."""
 
 
 def _mark_message_gaps(items):
     """Known gaps in tccomm's error messages are expected failures, strictly:
     the case passing (the message fixed) fails the run until the gap is
-    removed from tests/_cases.py, and a failure for any other reason stays a
+    removed from the case's add(), and a failure for any other reason stays a
     failure (only MessageGap counts as the expected one)."""
     if _harness.BACKEND != "tccomm":  # the message checks apply to tccomm only
         return
@@ -133,14 +134,15 @@ def check_case(groups, spec_case):
 
 def _message_gap(group, case):
     """The parts that the error expected by this case is known to lack."""
-    if group not in _cases.SPEC_BY_NAME or case not in _cases.REGISTRY:
+    cases = _registry.all_cases()
+    if group not in _registry.SPEC_BY_NAME or case not in cases:
         return None
-    return _cases.REGISTRY[case].msg_gap
+    return cases[case].msg_gap
 
 
 def _is_message_gap(res, gap: str) -> bool:
     """Whether every rank failed on an error that lacks exactly `gap`."""
-    phrase = _cases.missing_parts_phrase(gap)
+    phrase = missing_parts_phrase(gap)
     return bool(res.verdicts) and all(s == "fail" and phrase in m for s, m in res.verdicts)
 
 

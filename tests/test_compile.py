@@ -4,10 +4,10 @@ compiled code calls into tccomm (suite "compile" in tests/_cases_parallel.py).""
 
 import pytest
 
-import _cases
+import _registry
 from conftest import case_id, check_case
 
 
-@pytest.mark.parametrize("spec_case", _cases.params_for("compile"), ids=case_id)
+@pytest.mark.parametrize("spec_case", _registry.params_for("compile"), ids=case_id)
 def test_compile(groups, spec_case):
     check_case(groups, spec_case)

@@ -9,10 +9,10 @@ TCCOMM_TEST_HUGE=all runs all of them over TCP too)."""
 
 import pytest
 
-import _cases
+import _registry
 from conftest import case_id, check_case
 
 
-@pytest.mark.parametrize("spec_case", _cases.params_for("coverage"), ids=case_id)
+@pytest.mark.parametrize("spec_case", _registry.params_for("coverage"), ids=case_id)
 def test_coverage(groups, spec_case):
     check_case(groups, spec_case)

@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
-import _cases
+import _registry
 from conftest import case_id, check_case
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.parametrize("spec_case", _cases.params_for("funcol"), ids=case_id)
+@pytest.mark.parametrize("spec_case", _registry.params_for("funcol"), ids=case_id)
 def test_funcol(groups, spec_case):
     check_case(groups, spec_case)
 

@@ -4,17 +4,21 @@ Its two runners (tests/_harness.py for the specs, tests/test_torchcomm_api.py
 for the TorchComm-API groups) run a 2-rank group with one case whose rank 1
 misbehaves on purpose (TCCOMM_TEST_FAULT, tests/_rank.py), and must report
 the failure with its reason and the rank; a group without a fault must pass.
-The error-message checks of tests/_cases.py reject a message that lacks any
+The error-message checks of tests/_ctx.py reject a message that lacks any
 part, and only a known gap in a message counts as its expected failure."""
 
+import ast
+import pathlib
 import re
 import shutil
 
 import pytest
 import torch.distributed as dist
 
-import _cases
+import _ctx
 import _harness
+import _messages
+import _registry
 import _rank
 import test_torchcomm_api as tc_api
 from conftest import MessageGap, check_case
@@ -90,7 +94,7 @@ def test_torchcomm_runner_reports(monkeypatch, fault):
     _check(_tc_results(monkeypatch, fault), fault)
 
 
-# ---- error messages (tests/_cases.py), in this process ----------------------------
+# ---- error messages (tests/_ctx.py, tests/_messages.py), in this process ----------------------------
 
 
 @pytest.fixture
@@ -98,7 +102,7 @@ def strict_ctx():
     """A tccomm-strict Ctx whose default group is a gloo world of one."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        yield _cases.Ctx({"world": 1, "backend": "tccomm", "transport": "shm",
+        yield _ctx.Ctx({"world": 1, "backend": "tccomm", "transport": "shm",
                           "pg_timeout": 5}, 0, None, {})
     finally:
         dist.destroy_process_group()
@@ -124,13 +128,13 @@ def test_expect_error_wants_every_part(strict_ctx, msg, missing):
     def fn():
         raise RuntimeError(msg)
 
-    call = lambda: strict_ctx.expect_error(fn, _cases.OP_RE["all_reduce"], r"mismatch", "x")  # noqa: E731
+    call = lambda: strict_ctx.expect_error(fn, _messages.OP_RE["all_reduce"], r"mismatch", "x")  # noqa: E731
     if missing is None:
         call()
         return
     with pytest.raises(AssertionError) as e:
         call()
-    assert _cases.missing_parts_phrase(missing) in str(e.value), str(e.value)
+    assert _messages.missing_parts_phrase(missing) in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("op, text", [
@@ -138,7 +142,7 @@ def test_expect_error_wants_every_part(strict_ctx, msg, missing):
     ("reduce_scatter_tensor", "tccomm: _reduce_scatter_base:"), ("gather", "tccomm: gather:"),
     ("all_to_all_single", "tccomm alltoall on"), ("send", "tccomm: send:")])
 def test_op_pattern_matches_its_op(op, text):
-    assert re.search(_cases.OP_RE[op], text, re.I), (op, text)
+    assert re.search(_messages.OP_RE[op], text, re.I), (op, text)
 
 
 @pytest.mark.parametrize("op, text", [
@@ -147,7 +151,7 @@ def test_op_pattern_matches_its_op(op, text):
     ("gather", "tccomm: _allgather_base:"), ("scatter", "tccomm: reduce_scatter:"),
     ("all_gather", "tccomm: all_gather_into_tensor:"), ("send", "tccomm: sendrecv:")])
 def test_op_pattern_rejects_other_ops(op, text):
-    assert not re.search(_cases.OP_RE[op], text, re.I), (op, text)
+    assert not re.search(_messages.OP_RE[op], text, re.I), (op, text)
 
 
 class _Cached:
@@ -171,11 +175,11 @@ GAP_CASE = ("w2-shm-env", "bad-broadcast_rank_out_of_range_W")
 @pytest.fixture
 def gap_case(monkeypatch):
     """GAP_CASE marked as a known message gap (no case needs one today)."""
-    monkeypatch.setattr(_cases.REGISTRY[GAP_CASE[1]], "msg_gap", _cases.NO_GROUP_NO_RANK)
+    monkeypatch.setattr(_registry.all_cases()[GAP_CASE[1]], "msg_gap", _messages.NO_GROUP_NO_RANK)
 
 
 def test_message_gap_is_the_expected_failure(gap_case):
-    phrase = _cases.missing_parts_phrase(_cases.NO_GROUP_NO_RANK)
+    phrase = _messages.missing_parts_phrase(_messages.NO_GROUP_NO_RANK)
     with pytest.raises(MessageGap):
         check_case(_Cached(_failed_everywhere(f"broadcast: {phrase}...): 'msg'")), GAP_CASE)
 
@@ -186,10 +190,86 @@ def test_message_gap_is_the_expected_failure(gap_case):
     "one rank only",    # the other rank passed
 ])
 def test_other_failures_of_a_gap_case_stay_failures(why, gap_case):
-    phrase = _cases.missing_parts_phrase(_cases.NO_GROUP_NO_RANK)
-    res = {"half fixed": _failed_everywhere(f"x: {_cases.missing_parts_phrase('the rank')}"),
+    phrase = _messages.missing_parts_phrase(_messages.NO_GROUP_NO_RANK)
+    res = {"half fixed": _failed_everywhere(f"x: {_messages.missing_parts_phrase('the rank')}"),
            "other failure": _failed_everywhere("the group is not usable after the error"),
            "one rank only": _harness.Result("fail", phrase, [("fail", phrase), ("pass", "")]),
            }[why]
     with pytest.raises(pytest.fail.Exception):
         check_case(_Cached(res), GAP_CASE)
+
+
+# ---- the layout: no import cycles among the helpers and the package ----------------
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _module_files() -> dict[str, pathlib.Path]:
+    """Module name -> file, for tests/_*.py and torchcomm_backend/*.py."""
+    files = {p.stem: p for p in (ROOT / "tests").glob("_*.py")}
+    for p in (ROOT / "torchcomm_backend").glob("*.py"):
+        files["torchcomm_backend" if p.stem == "__init__" else f"torchcomm_backend.{p.stem}"] = p
+    return files
+
+
+def _imported(name: str, path: pathlib.Path, known) -> set[str]:
+    """The modules of `known` that `name` imports anywhere (at the top, or
+    inside a function: a deferred import still makes a cycle). A package's
+    own __init__ is not counted as imported by `from package.mod import x`."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+            found.update(subs or [base])
+    return (found & set(known)) - {name}
+
+
+def import_cycle(files: dict[str, pathlib.Path]) -> list[str] | None:
+    """One import cycle among `files` (its modules in order, the first again
+    at the end), or None."""
+    graph = {n: sorted(_imported(n, p, files)) for n, p in files.items()}
+    state: dict[str, str] = {}  # "open" while on the path, then "done"
+    path: list[str] = []
+
+    def visit(n):
+        state[n] = "open"
+        path.append(n)
+        for m in graph[n]:
+            if state.get(m) == "open":
+                return path[path.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        state[n] = "done"
+        path.pop()
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_import_cycle_finder_finds_one(tmp_path):
+    (tmp_path / "_a.py").write_text("import _b\n")
+    (tmp_path / "_b.py").write_text("def f():\n    from _c import x\n")
+    (tmp_path / "_c.py").write_text("import os\nimport _a\n")
+    files = {p.stem: p for p in tmp_path.glob("_*.py")}
+    assert import_cycle(files) == ["_a", "_b", "_c", "_a"]
+    (tmp_path / "_c.py").write_text("import os\n")
+    assert import_cycle(files) is None
+
+
+def test_no_import_cycles():
+    cycle = import_cycle(_module_files())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)

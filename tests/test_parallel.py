@@ -5,10 +5,10 @@ tests/_cases_parallel.py)."""
 
 import pytest
 
-import _cases
+import _registry
 from conftest import case_id, check_case
 
 
-@pytest.mark.parametrize("spec_case", _cases.params_for("parallel"), ids=case_id)
+@pytest.mark.parametrize("spec_case", _registry.params_for("parallel"), ids=case_id)
 def test_parallel(groups, spec_case):
     check_case(groups, spec_case)

@@ -5,10 +5,10 @@ group, Work.wait(timeout) with a late peer, receiving from any source
 
 import pytest
 
-import _cases
+import _registry
 from conftest import case_id, check_case
 
 
-@pytest.mark.parametrize("spec_case", _cases.params_for("reliability"), ids=case_id)
+@pytest.mark.parametrize("spec_case", _registry.params_for("reliability"), ids=case_id)
 def test_reliability(groups, spec_case):
     check_case(groups, spec_case)

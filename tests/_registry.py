@@ -1,0 +1,128 @@
+"""The registry of the multi-process cases: the groups (specs: world size x
+transport x init method), the cases and which group runs which.
+
+A case is a function ``fn(ctx, **params)`` (ctx: tests/_ctx.py) run on every
+rank of a group. It passes by returning, fails by raising AssertionError (any
+other exception is reported as an error with its traceback) and skips by
+raising Skip. The suites of cases live in the modules of SUITE_MODULES; each
+registers its cases with add() when imported, and all_cases() imports them.
+
+The registry is built twice: by pytest (to turn every case into a test id)
+and by each worker process (tests/_worker.py) to run the cases. It must come
+out the same in both, so everything here and in the suites is deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable
+
+# The suites, imported by all_cases() in this order: the order in which a
+# group runs its cases (among cases of the same Case.order).
+SUITE_MODULES = (
+    "_cases_collectives", "_cases_features", "_cases_ddp", "_cases_bad_input",
+    "_cases_timeout", "_cases_parallel", "_cases_reliability",
+    "_cases_concurrency", "_cases_ddp_paths", "_cases_scale",  # suite "coverage"
+)
+
+
+class Skip(Exception):
+    """Raised by a case that does not apply; the message is the reason."""
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    suite: str                  # which test file reports it
+    fn: Callable
+    params: dict
+    worlds: tuple | None = None  # None: every world size
+    specs: tuple | None = None   # None: every "main" spec
+    gloo_skip: str | None = None  # reason to skip when validating against gloo
+    order: int = 0               # cases with a higher order run last
+    hang_limit: float = 0.0      # seconds without progress before it counts as hung,
+                                 # when longer than the harness's default
+    msg_gap: str | None = None   # the parts tccomm's expected error is known not to
+                                 # name yet: the case is an expected failure (strict)
+
+
+REGISTRY: dict[str, Case] = {}
+TEARDOWN = "teardown"  # the pseudo-case of each spec: everything after its last case
+
+
+def add(name, suite, fn, worlds=None, specs=None, gloo_skip=None, order=0, hang_limit=0.0,
+        msg_gap=None, **params):
+    assert name not in REGISTRY and name != TEARDOWN, name
+    REGISTRY[name] = Case(name, suite, fn, params, worlds, specs, gloo_skip, order, hang_limit,
+                          msg_gap)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    name: str
+    world: int
+    transport: str  # "shm" (default: TCCOMM_TRANSPORT unset) or "tcp" (forced)
+    init: str       # "env", "tcp" or "file"
+    kind: str = "main"
+    pg_timeout: float = 30.0
+
+
+SPECS = [
+    Spec("w2-shm-env", 2, "shm", "env"),
+    Spec("w2-tcp-tcpinit", 2, "tcp", "tcp"),
+    Spec("w3-shm-file", 3, "shm", "file"),
+    Spec("w3-tcp-env", 3, "tcp", "env"),
+    Spec("w4-shm-tcpinit", 4, "shm", "tcp"),
+    Spec("w4-tcp-file", 4, "tcp", "file"),
+    # Groups whose only purpose is a peer that never arrives (unusable afterwards).
+    Spec("w3-shm-env-timeout", 3, "shm", "env", kind="timeout", pg_timeout=2.0),
+    Spec("w2-tcp-env-timeout", 2, "tcp", "env", kind="timeout", pg_timeout=2.0),
+    # torch.compile and the parallelism stack (tests/_cases_parallel.py).
+    Spec("w2-shm-env-parallel", 2, "shm", "env", kind="parallel"),
+    Spec("w4-tcp-env-parallel", 4, "tcp", "env", kind="parallel"),
+    # The paths beyond the per-op matrix (tests/_cases_coverage.py), in groups
+    # of their own so that none adds to the time or the state of the others.
+    Spec("w8-shm-env-coverage", 8, "shm", "env", kind="coverage"),
+    Spec("w8-tcp-file-coverage", 8, "tcp", "file", kind="coverage"),
+    Spec("w4-shm-tcpinit-coverage", 4, "shm", "tcp", kind="coverage"),
+    Spec("w3-tcp-env-coverage", 3, "tcp", "env", kind="coverage"),
+    # A 2 GiB all_reduce on a loaded 2-core machine may take tens of seconds:
+    # the group timeout is not what these cases test.
+    Spec("w2-shm-env-huge", 2, "shm", "env", kind="huge", pg_timeout=600.0),
+    Spec("w2-tcp-env-huge", 2, "tcp", "env", kind="huge", pg_timeout=600.0),
+]
+SPEC_BY_NAME = {s.name: s for s in SPECS}
+
+
+def all_cases() -> dict[str, Case]:
+    """REGISTRY with the cases of every suite (their modules imported once)."""
+    for module in SUITE_MODULES:
+        importlib.import_module(module)
+    return REGISTRY
+
+
+def cases_for(spec: Spec, suite: str | None = None) -> list[Case]:
+    out = []
+    for c in all_cases().values():
+        if suite is not None and c.suite != suite:
+            continue
+        if c.specs is None:
+            if spec.kind != "main":
+                continue
+        elif spec.name not in c.specs:
+            continue
+        if c.worlds is not None and spec.world not in c.worlds:
+            continue
+        out.append(c)
+    return sorted(out, key=lambda c: c.order)  # stable: registry order otherwise
+
+
+def params_for(suite: str) -> list[tuple[str, str]]:
+    """(spec, case) for every case of `suite`, each spec's cases followed by
+    its TEARDOWN pseudo-case (conftest.py runs one of those per spec)."""
+    out = []
+    for s in SPECS:
+        names = [c.name for c in cases_for(s, suite)]
+        out += [(s.name, n) for n in names] + ([(s.name, TEARDOWN)] if names else [])
+    return out
