@@ -1,10 +1,10 @@
-"""One rank of a CUDA test group: python tests/_cuda_worker.py SCENARIO RESULT_DIR
+"""One rank of a CUDA test group: python tests/_cuda_worker.py SCENARIO OUT_DIR
 
 Spawned by tests/test_cuda.py, one process per rank, all on the one GPU
 (cuda:0). With more than one rank every process claims its own host
 (NCCL_HOSTID) so NCCL treats them as separate nodes over sockets on lo.
-Every rank writes RESULT_DIR/rank<R>.txt: "ok" or the failure, and exits 0
-only on success.
+Every rank reports the scenario as one case (tests/_rank.py events in
+OUT_DIR: its start, then pass or the failure) and exits 0 only on success.
 
 Scenarios:
   ops       every op on CUDA tensors against references computed on the host
@@ -25,18 +25,19 @@ integers, bool and moved data are compared exactly (moved data bit for bit).
 """
 
 import datetime
-import faulthandler
 import os
 import sys
 import time
 import traceback
 
-faulthandler.enable()
+import _rank  # tests/ is this script's directory: first on sys.path
+
+_rank.enable_stack_dumps()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import _reference as ref  # noqa: E402  (tests/ is this script's directory: first on sys.path)
+import _reference as ref  # noqa: E402
 
 RANK = 0    # set by main() from the environment torchrun-style launchers give
 WORLD = 1
@@ -405,17 +406,19 @@ def main():
     scenario, outdir = sys.argv[1], sys.argv[2]
     RANK = int(os.environ.get("RANK", "0"))
     WORLD = int(os.environ.get("WORLD_SIZE", "1"))
-    status = "ok"
+    events = _rank.Events(outdir, RANK)
+    events.emit(event="start", case=scenario, t=time.time())
+    status, msg = "pass", ""
     try:
         globals()[f"scenario_{scenario}"]()
         if dist.is_initialized():
             dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001
-        status = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-6)}"
-    with open(os.path.join(outdir, f"rank{RANK}.txt"), "w") as f:
-        f.write(status)
-    sys.stdout.flush()
-    os._exit(0 if status == "ok" else 1)
+        status, msg = "fail", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-6)}"
+    events.emit(event="result", case=scenario, status=status, msg=msg)
+    # Ends at once, as it always has: the verdict is the reported result and
+    # the exit code; the interpreter's teardown is not what these scenarios check.
+    _rank.leave_now(0 if status == "pass" else 1)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What every spawned test rank does besides running its cases (shared by
-tests/_worker.py and tests/_tc_worker.py): report events to the parent, and
-end the way a user's program ends, so that the parent can judge the teardown
-too (tests/_harness.py).
+tests/_worker.py, tests/_tc_worker.py and tests/_cuda_worker.py): report
+events to the parent (tests/_group.py), and end the way a user's program
+ends, so that the parent can judge the teardown too.
 
 Events are JSON lines appended to OUT_DIR/rank<R>.jsonl, flushed at once so
 that the parent sees how far every rank got even if it hangs or crashes:

@@ -1,4 +1,4 @@
-"""pytest glue for the multi-process tests (see tests/_harness.py).
+"""pytest glue for the multi-process tests (see tests/_harness.py and tests/_group.py).
 
 A test that reports a case of a spawned group takes a parameter `spec_case`
 = (group, case). Each group also has a "teardown" pseudo-case (everything
@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _registry  # noqa: E402
 from _messages import missing_parts_phrase  # noqa: E402
+import _group  # noqa: E402
 import _harness  # noqa: E402
 
 # Summaries other tests want printed at the end (e.g. the C unit tests).
@@ -152,8 +153,8 @@ def case_id(spec_case):
 
 def pytest_report_header(config):
     return (f"tccomm tests: backend under test = {_harness.BACKEND!r} "
-            f"(TCCOMM_TEST_BACKEND), per-case hang limit {_harness.CASE_TIMEOUT:.0f} s, "
-            f"teardown limit {_harness.teardown_timeout():.0f} s")
+            f"(TCCOMM_TEST_BACKEND), per-case hang limit {_group.CASE_TIMEOUT:.0f} s, "
+            f"teardown limit {_group.teardown_timeout():.0f} s")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

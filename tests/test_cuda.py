@@ -10,23 +10,24 @@ Runs everywhere:
   * without a GPU, asking for CUDA fails with a clear error, not a crash;
   * the host references of the GPU scenarios reject wrong results.
 Needs a GPU (skipped with the reason otherwise), all ranks on cuda:0, one
-process per rank (tests/_cuda_worker.py), each claiming its own host:
+process per rank (tests/_cuda_worker.py, spawned and watched by
+tests/_group.py like every multi-process suite), each claiming its own host:
   * every op at world size 1, 2 and 3; eager init with device_id;
   * CUDA-graph capture of an all_reduce and 10 replays (world 1 and 2);
   * DDP on CUDA ends with the same parameters as on `nccl`;
   * a peer that never joins: the op fails after the group's timeout.
 """
 
-import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 
 import pytest
 import torch
+
+import _group
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -136,15 +137,9 @@ print("ALIVE")
 """
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is present: CUDA tensors work (covered by the GPU tests)")
 def test_cuda_without_gpu_is_a_clear_error():
-    script = NO_GPU_SCRIPT % (_free_port(), _free_port())
+    script = NO_GPU_SCRIPT % (_group.free_port(), _group.free_port())
     proc = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=120)
     out = proc.stdout
@@ -158,55 +153,41 @@ def test_cuda_without_gpu_is_a_clear_error():
         assert ("cuda" in low and ("device" in low or "driver" in low)), line
 
 
-def test_cuda_references_reject_wrong_results(tmp_path):
+def test_cuda_references_reject_wrong_results():
     """The host references and comparisons the GPU scenarios use accept a
     right result in another order of the ranks and reject wrong ones (a
     dropped rank, a wrong AVG divisor, a changed NaN payload): checked here,
     without a GPU, so the GPU checks are known to be able to fail."""
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1"}
-    proc = subprocess.run([sys.executable, WORKER, "selfcheck", str(tmp_path)], env=env, cwd=HERE,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    status = (tmp_path / "rank0.txt").read_text() if (tmp_path / "rank0.txt").exists() else proc.stdout[-3000:]
-    assert proc.returncode == 0 and status == "ok", status
+    _run_group("selfcheck", 1)
 
 
 # ---- GPU ---------------------------------------------------------------------------
 
 def _run_group(scenario, world):
-    """Runs `scenario` with `world` ranks on cuda:0; returns {rank: status}."""
+    """Runs `scenario` with `world` ranks on cuda:0 (tests/_group.py: a rank
+    that shows no progress for GPU_TIMEOUT s is hung, its stack dumped);
+    fails the test unless every rank passed it and exited with code 0."""
     outdir = tempfile.mkdtemp(prefix=f"tccomm-cuda-{scenario}-")
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
-                   CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+    port = _group.free_port()
+
+    def env(rank):
+        e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
+                 CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
         if world > 1:
             # Several ranks on one GPU: NCCL must see separate hosts talking over sockets.
-            env.update(NCCL_HOSTID=f"tccomm-test-host-{rank}", NCCL_SOCKET_IFNAME="lo", NCCL_NET="Socket",
-                       NCCL_IB_DISABLE="1", NCCL_MNNVL_ENABLE="0")
-        log = open(os.path.join(outdir, f"rank{rank}.log"), "w")
-        procs.append(subprocess.Popen([sys.executable, WORKER, scenario, outdir], env=env, cwd=HERE,
-                                      stdout=log, stderr=subprocess.STDOUT))
-    try:
-        for p in procs:
-            p.wait(timeout=GPU_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        logs = "\n".join(f"--- rank {r}:\n" + open(f).read()[-2000:]
-                         for r, f in enumerate(sorted(glob.glob(os.path.join(outdir, "rank*.log")))))
-        pytest.fail(f"{scenario} at world {world} hung for {GPU_TIMEOUT} s\n{logs}", pytrace=False)
-    bad = {}
-    for rank, p in enumerate(procs):
-        res = os.path.join(outdir, f"rank{rank}.txt")
-        status = open(res).read() if os.path.exists(res) else f"no result (exit {p.returncode})"
-        if status != "ok" or p.returncode != 0:
-            log = open(os.path.join(outdir, f"rank{rank}.log")).read()[-2000:]
-            bad[rank] = f"{status}\n{log}"
-    if bad:
-        pytest.fail(f"{scenario} at world {world}:\n" + "\n".join(f"rank {r}: {m}" for r, m in bad.items()),
-                    pytrace=False)
+            e.update(NCCL_HOSTID=f"tccomm-test-host-{rank}", NCCL_SOCKET_IFNAME="lo", NCCL_NET="Socket",
+                     NCCL_IB_DISABLE="1", NCCL_MNNVL_ENABLE="0")
+        return e
+
+    group = _group.spawn(outdir, world, lambda rank: [WORKER, scenario, outdir], env)
+    run = _group.watch(group, case_limit=lambda case: GPU_TIMEOUT)
+    evs = _group.reported(run, scenario)
+    res = _group.merge(evs) if evs else _group.unfinished(run, scenario)
+    bad_exit = [q for q, code in enumerate(run.codes) if code != 0]
+    if res.status != "pass" or bad_exit:
+        exits = f"\nranks {bad_exit} did not exit with code 0\n{run.tails(bad_exit)}" if bad_exit else ""
+        pytest.fail(f"{scenario} at world {world}: {res.msg}{exits}", pytrace=False)
     shutil.rmtree(outdir, ignore_errors=True)
 
 

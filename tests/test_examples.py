@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import _group
 import _harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,7 +21,7 @@ def torchrun(script, nproc, *args, env_extra=None):
     env.pop("TCCOMM_TRANSPORT", None)
     env.update(env_extra or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(_harness.free_port()),
+           "--master-addr", "127.0.0.1", "--master-port", str(_group.free_port()),
            os.path.join(ROOT, "examples", script), "--backend", _harness.BACKEND, *args]
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

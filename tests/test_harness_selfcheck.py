@@ -1,25 +1,33 @@
 """The harness's own checks can fail.
 
-Its two runners (tests/_harness.py for the specs, tests/test_torchcomm_api.py
+Its runners (tests/_harness.py for the specs, tests/test_torchcomm_api.py
 for the TorchComm-API groups) run a 2-rank group with one case whose rank 1
 misbehaves on purpose (TCCOMM_TEST_FAULT, tests/_rank.py), and must report
 the failure with its reason and the rank; a group without a fault must pass.
-The error-message checks of tests/_ctx.py reject a message that lacks any
-part, and only a known gap in a message counts as its expected failure."""
+The group watch they and the CUDA scenarios share (tests/_group.py) kills a
+rank that hangs in a case, with its stack in the log, and the others when a
+rank dies; the CUDA runner fails a scenario that fails on its ranks (no GPU
+needed). The error-message checks of tests/_ctx.py reject a message that
+lacks any part, and only a known gap in a message counts as its expected
+failure. The test helpers and the package import each other without a cycle."""
 
 import ast
+import os
 import pathlib
 import re
 import shutil
+import signal
 
 import pytest
 import torch.distributed as dist
 
 import _ctx
+import _group
 import _harness
 import _messages
 import _registry
 import _rank
+import test_cuda as cuda_api
 import test_torchcomm_api as tc_api
 from conftest import MessageGap, check_case
 
@@ -94,6 +102,73 @@ def test_torchcomm_runner_reports(monkeypatch, fault):
     _check(_tc_results(monkeypatch, fault), fault)
 
 
+# The group watch itself (tests/_group.py), as every suite uses it: a rank
+# that hangs or dies inside a case. The CUDA scenarios rely on exactly this
+# (one long case per rank, no teardown check); the specs and the TorchComm
+# groups hit it whenever a case hangs or crashes.
+RANK_SCRIPT = """
+import os, signal, sys, time
+import _rank
+_rank.enable_stack_dumps()
+events = _rank.Events(sys.argv[1], int(sys.argv[2]))
+events.emit(event="start", case="c", t=time.time())
+
+def stuck_in_case():
+    time.sleep(600)
+
+what = os.environ["RANK_DOES"]
+if what == "hang":
+    stuck_in_case()
+elif what == "segv":
+    os.kill(os.getpid(), signal.SIGSEGV)
+elif what == "wait":
+    time.sleep(600)
+events.emit(event="result", case="c", status="pass", msg="")
+"""
+
+
+def _watched_group(tmp_path, does, case_limit=2.0):
+    """A group whose rank R does does[R] in case "c"; its Run."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = lambda rank: {**os.environ, "PYTHONPATH": _group.HERE, "RANK_DOES": does[rank]}  # noqa: E731
+    group = _group.spawn(str(tmp_path), len(does), lambda rank: [str(script), str(tmp_path), str(rank)], env)
+    return _group.watch(group, case_limit=lambda case: case_limit)
+
+
+def test_group_watch_kills_a_hung_case_with_its_stack(tmp_path):
+    run = _watched_group(tmp_path, ["pass", "hang"])
+    assert "no progress for 2 s on ranks [1] in ['c']" in run.killed, run.killed
+    res = _group.unfinished(run, "c")
+    assert res.status == "fail"
+    for needle in ("case did not finish on ranks [1]", "finished elsewhere with {0: 'pass'}",
+                   "rank 1 (killed by SIGKILL)", "in stuck_in_case"):  # its stack, from SIGUSR1
+        assert needle in res.msg, f"{needle!r} not in:\n{res.msg}"
+
+
+def test_group_watch_kills_the_others_when_a_rank_dies(tmp_path):
+    run = _watched_group(tmp_path, ["wait", "segv"], case_limit=60.0)
+    assert "rank 1 died (killed by SIGSEGV) during 'c'; the others were killed" in run.killed, run.killed
+    assert run.codes[0] == -signal.SIGKILL, run.codes
+    assert _group.reported(run, "c") is None
+
+
+def test_group_watch_passes_a_group_that_finishes(tmp_path):
+    run = _watched_group(tmp_path, ["pass", "pass", "pass"])
+    assert not run.killed and run.codes == [0, 0, 0], (run.killed, run.codes)
+    assert _group.merge(_group.reported(run, "c")).status == "pass"
+
+
+def test_cuda_runner_reports_a_failing_scenario():
+    """The CUDA scenarios' runner (tests/test_cuda.py) fails a scenario that
+    fails on its ranks, with each rank's error; no GPU needed."""
+    with pytest.raises(pytest.fail.Exception) as e:
+        cuda_api._run_group("no_such_scenario", 2)
+    for needle in ("no_such_scenario at world 2", "rank 0 [fail]: KeyError", "rank 1 [fail]: KeyError",
+                   "ranks [0, 1] did not exit with code 0"):
+        assert needle in str(e.value), f"{needle!r} not in:\n{e.value}"
+
+
 # ---- error messages (tests/_ctx.py, tests/_messages.py), in this process ----------------------------
 
 
@@ -166,7 +241,7 @@ class _Cached:
 
 
 def _failed_everywhere(msg):
-    return _harness.Result("fail", msg, [("fail", msg), ("fail", msg)])
+    return _group.Result("fail", msg, [("fail", msg), ("fail", msg)])
 
 
 GAP_CASE = ("w2-shm-env", "bad-broadcast_rank_out_of_range_W")
@@ -193,7 +268,7 @@ def test_other_failures_of_a_gap_case_stay_failures(why, gap_case):
     phrase = _messages.missing_parts_phrase(_messages.NO_GROUP_NO_RANK)
     res = {"half fixed": _failed_everywhere(f"x: {_messages.missing_parts_phrase('the rank')}"),
            "other failure": _failed_everywhere("the group is not usable after the error"),
-           "one rank only": _harness.Result("fail", phrase, [("fail", phrase), ("pass", "")]),
+           "one rank only": _group.Result("fail", phrase, [("fail", phrase), ("pass", "")]),
            }[why]
     with pytest.raises(pytest.fail.Exception):
         check_case(_Cached(res), GAP_CASE)

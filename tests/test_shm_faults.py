@@ -23,6 +23,7 @@ import textwrap
 
 import pytest
 
+import _group
 import _harness
 
 TIMEOUT = 180
@@ -129,7 +130,7 @@ def _world(tmp_path, scenario, rank_envs, prefix=(), env_extra=None):
     env = dict(os.environ)
     for k in ("TCCOMM_TRANSPORT", "TCCOMM_SHM_SMALL_BYTES", "TCCOMM_SHM_WINDOW_BYTES"):
         env.pop(k, None)
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_harness.free_port()), WORLD_SIZE="2",
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_group.free_port()), WORLD_SIZE="2",
                STORE_PATH=str(tmp_path / "store"), PYTHONFAULTHANDLER="1")
     env.update(env_extra or {})
     cmd = [*prefix, sys.executable, launch_py, rank_py, scenario, *rank_envs]

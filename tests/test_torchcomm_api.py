@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import _group
 import _harness
 import _tc_cases
 import torchcomm_backend as tc
@@ -28,7 +29,7 @@ WORKER = os.path.join(HERE, "_tc_worker.py")
 ABORT_LIMIT = 300  # s: test_abort_on_timeout kills its group after this
 # s without progress before a rank counts as hung: a failing case may wait out
 # two of the communicator's 60 s timeouts (tests/_tc_worker.py) and still report.
-CASE_LIMIT = max(_harness.CASE_TIMEOUT, 150)
+CASE_LIMIT = max(_group.CASE_TIMEOUT, 150)
 TEARDOWN = _harness.TEARDOWN
 
 # world -> (bootstrap, abort argument, environment)
@@ -40,8 +41,10 @@ GROUPS = {
 
 
 def spawn(world, bootstrap, abort, mode, env_extra, out_dir, cases=None):
+    """Starts the ranks of a TorchComm group (tests/_tc_worker.py); returns the
+    group and the TCPStore it bootstraps from (kept alive by the caller)."""
     cfg = {"world": world, "bootstrap": bootstrap, "abort": abort, "mode": mode, "out_dir": out_dir,
-           "store_path": os.path.join(out_dir, "filestore"), "master_port": _harness.free_port(),
+           "store_path": os.path.join(out_dir, "filestore"), "master_port": _group.free_port(),
            "cases": cases}
     server = None
     if bootstrap == "tcp":
@@ -50,38 +53,16 @@ def spawn(world, bootstrap, abort, mode, env_extra, out_dir, cases=None):
     path = os.path.join(out_dir, "config.json")
     with open(path, "w") as f:
         json.dump(cfg, f)
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ)
+
+    def env(rank):
+        e = dict(os.environ)
         for var in ("TCCOMM_TRANSPORT", "TORCHCOMM_ABORT_ON_ERROR", "TORCHCOMM_TIMEOUT_SECONDS",
                     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
-            env.pop(var, None)
-        env.update(env_extra, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        log = open(log_path(out_dir, rank), "w")
-        procs.append(subprocess.Popen([sys.executable, WORKER, path, str(rank)], env=env, cwd=HERE,
-                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True))
-    return procs, server
+            e.pop(var, None)
+        e.update(env_extra, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        return e
 
-
-def log_path(out_dir, rank):
-    return os.path.join(out_dir, f"rank{rank}.log")
-
-
-def kill(procs):
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    for p in procs:
-        p.wait()
-
-
-def tail(out_dir, rank, lines=30):
-    try:
-        with open(log_path(out_dir, rank), errors="replace") as f:
-            return "\n".join(f.read().splitlines()[-lines:])
-    except OSError:
-        return ""
+    return _group.spawn(out_dir, world, lambda rank: [WORKER, path, str(rank)], env), server
 
 
 def group_key(world):
@@ -91,7 +72,7 @@ def group_key(world):
 class Groups:
     """Runs each world's group once per session and caches its results: one
     per case and one for the group's teardown (decided as for the specs of
-    tests/_harness.py, whose watch and verdict functions it uses; a group
+    tests/_harness.py, with tests/_group.py's watch and verdicts; a group
     that hangs or dies is not restarted: its unfinished cases fail)."""
 
     def __init__(self, cases=None):
@@ -109,36 +90,35 @@ class Groups:
         """The verdict on case `name` (or TEARDOWN) of group_key(world)."""
         if group not in self.results:
             self.results[group] = self._run(WORLD_OF[group])
-        return self.results[group].get(name, _harness.Result("fail", "no result"))
+        return self.results[group].get(name, _group.Result("fail", "no result"))
 
     def _run(self, world):
         out_dir = os.path.join(self.dir, f"world{world}")
         os.makedirs(out_dir)
         bootstrap, abort, env = GROUPS[world]
-        procs, server = spawn(world, bootstrap, abort, "cases", env, out_dir, self.cases)
-        run = _harness.watch(procs, [log_path(out_dir, r) for r in range(world)], out_dir,
-                             case_limit=lambda case: CASE_LIMIT)
+        group, server = spawn(world, bootstrap, abort, "cases", env, out_dir, self.cases)
+        run = _group.watch(group, case_limit=lambda case: CASE_LIMIT)
         del server
         names = [n for n, _ in _tc_cases.CASES if self.cases is None or n in self.cases]
         return self._decide(run, names, group_key(world))
 
     @staticmethod
     def _decide(run, names, what):
-        failed_init = _harness.init_failure(run, what)
+        failed_init = _group.init_failure(run, what)
         if failed_init:
-            return {n: _harness.Result("fail", failed_init) for n in names + [TEARDOWN]}
+            return {n: _group.Result("fail", failed_init) for n in names + [TEARDOWN]}
         results = {}
         for i, name in enumerate(names):
-            evs = [run.find(q, "result", name) for q in range(run.world)]
-            if all(ev is not None for ev in evs):
-                results[name] = _harness.merge(evs)
+            evs = _group.reported(run, name)
+            if evs:
+                results[name] = _group.merge(evs)
                 continue
-            results[name] = _harness.unfinished(run, name)
+            results[name] = _group.unfinished(run, name)
             for later in names[i + 1:] + [TEARDOWN]:
-                results[later] = _harness.Result("fail", f"not run: the group did not get "
-                                                         f"through case {name!r}")
+                results[later] = _group.Result("fail", f"not run: the group did not get "
+                                                       f"through case {name!r}")
             return results
-        results[TEARDOWN] = _harness.teardown_result(run, what)
+        results[TEARDOWN] = _group.teardown_result(run, what)
         return results
 
 
@@ -155,14 +135,15 @@ def test_torchcomm_case(spec_case):
 
 def test_abort_on_timeout(tmp_path):
     """With the default policy, a timed-out op ends the process with a message."""
-    procs, _ = spawn(2, "file", None, "abort", {}, str(tmp_path))
+    group, _ = spawn(2, "file", None, "abort", {}, str(tmp_path))
+    procs = group.procs
     try:
         procs[0].wait(timeout=ABORT_LIMIT)
     except subprocess.TimeoutExpired:
         pass
     finally:
-        kill(procs)
-    log = tail(str(tmp_path), 0, 60)
+        group.kill()
+    log = _group.tail(group.logs[0], 60)
     assert procs[0].returncode == -signal.SIGABRT, f"exit {procs[0].returncode}:\n{log}"
     assert "all_reduce on communicator 'tests' (rank 0 of 2)" in log, log
     assert "aborting the process" in log and "timed out" in log, log
