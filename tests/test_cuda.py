@@ -158,12 +158,12 @@ def test_cuda_references_reject_wrong_results():
     right result in another order of the ranks and reject wrong ones (a
     dropped rank, a wrong AVG divisor, a changed NaN payload): checked here,
     without a GPU, so the GPU checks are known to be able to fail."""
-    _run_group("selfcheck", 1)
+    run_scenario("selfcheck", 1)
 
 
 # ---- GPU ---------------------------------------------------------------------------
 
-def _run_group(scenario, world):
+def run_scenario(scenario, world):
     """Runs `scenario` with `world` ranks on cuda:0 (tests/_group.py: a rank
     that shows no progress for GPU_TIMEOUT s is hung, its stack dumped);
     fails the test unless every rank passed it and exited with code 0."""
@@ -194,26 +194,26 @@ def _run_group(scenario, world):
 @needs_gpu
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_every_op(world):
-    _run_group("ops", world)
+    run_scenario("ops", world)
 
 
 @needs_gpu
 @pytest.mark.parametrize("world", [1, 2])
 def test_eager_init_with_device_id(world):
-    _run_group("eager", world)
+    run_scenario("eager", world)
 
 
 @needs_gpu
 @pytest.mark.parametrize("world", [1, 2])
 def test_cuda_graph_capture_and_replay(world):
-    _run_group("graph", world)
+    run_scenario("graph", world)
 
 
 @needs_gpu
 def test_ddp_matches_nccl():
-    _run_group("ddp", 2)
+    run_scenario("ddp", 2)
 
 
 @needs_gpu
 def test_peer_never_joins_times_out():
-    _run_group("timeout", 2)
+    run_scenario("timeout", 2)

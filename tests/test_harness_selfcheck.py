@@ -163,7 +163,7 @@ def test_cuda_runner_reports_a_failing_scenario():
     """The CUDA scenarios' runner (tests/test_cuda.py) fails a scenario that
     fails on its ranks, with each rank's error; no GPU needed."""
     with pytest.raises(pytest.fail.Exception) as e:
-        cuda_api._run_group("no_such_scenario", 2)
+        cuda_api.run_scenario("no_such_scenario", 2)
     for needle in ("no_such_scenario at world 2", "rank 0 [fail]: KeyError", "rank 1 [fail]: KeyError",
                    "ranks [0, 1] did not exit with code 0"):
         assert needle in str(e.value), f"{needle!r} not in:\n{e.value}"
