@@ -151,8 +151,6 @@ def c_bad_splits(ctx, kind):
     ctx.check_usable()
 
 
-
-
 def _register_bad_input():
     S = "err"
     # Mismatches between ranks are detected by the core: its errors name everything.

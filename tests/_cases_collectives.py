@@ -14,6 +14,7 @@ from _reference import (DTYPES, FLOATS, LARGE, LARGE_PART, REDOPS, input_kind, m
                         redop_error, special_input)
 from _registry import add
 
+
 def _redop_cause_re(dtype: str, redop: str) -> str:
     names = DTYPE_ALIASES[dtype] + REDOP_ALIASES.get(redop, [redop.lower()])
     return "|".join(re.escape(n) for n in names) + "|unsupported|not supported"

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from _registry import add
 from _training import KEEP_ALIVE, assert_same_params, train_steps
 
+
 def c_ddp_matches_gloo(ctx):
     """5 DDP steps on the backend under test end with the same parameters
     as the same run on gloo (a gloo group in the same processes)."""

@@ -16,6 +16,7 @@ from _reference import LARGE_PART, ref_reduce
 from _registry import Skip, add
 from _resources import open_sockets, shm_mappings
 
+
 def c_async_work(ctx):
     W, r = ctx.world, ctx.rank
     xs = [ctx.inp(s, 1000, "float32") for s in range(W)]
@@ -438,9 +439,6 @@ def c_meta(ctx):
     ctx.check_usable(what="after ops on meta tensors")
 
 
-
-
-
 def c_transport_in_use(ctx):
     """Shared memory is used by default on one host; TCCOMM_TRANSPORT=tcp
     must really avoid it (seen from this process's memory mappings)."""
@@ -515,8 +513,6 @@ def c_destroy_releases(ctx):
     new = sorted(set(after) - set(before))
     assert len(after) <= len(before), (f"{len(after) - len(before)} more open sockets "
                                        f"after a group was created and destroyed: {new}")
-
-
 
 
 def _register_features():

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from _messages import OP_RE, group_re
 from _registry import add
 
+
 def c_timeout(ctx):
     W, r = ctx.world, ctx.rank
     missing = W - 1

@@ -19,6 +19,7 @@ from _reference import (FLOATS, compare, make_input, mismatch_report, reduction_
                         same_value, tolerance_mismatch)
 from _registry import Skip
 
+
 class Ctx:
     def __init__(self, cfg: dict, rank: int, store, baseline: dict):
         self.cfg = cfg

@@ -139,6 +139,7 @@ def _wrap(acc: np.ndarray, dtype: str) -> np.ndarray:
             acc = np.where(acc >= (1 << (bits - 1)), acc - (1 << bits), acc)
     return acc
 
+
 def seed(*key) -> int:
     return zlib.crc32(repr(key).encode())
 
@@ -213,7 +214,6 @@ def special_input(key, rank: int, shape, dtype: str) -> torch.Tensor:
     use_pool = torch.randint(0, 2, shape, generator=g).bool()
     out = torch.where(use_pool, picked, ordinary)
     return out.view(dt) if dtype in FLOATS else out
-
 
 
 # Comparison modes. "bits": every bit, NaN payloads included (data that is

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+
 def shm_mappings() -> list[str]:
     out = []
     with open("/proc/self/maps") as f:
