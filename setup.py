@@ -5,11 +5,13 @@ Install into an environment that already has torch:
     pip install --no-build-isolation -e .
 
 One extension, two languages:
-  * C (csrc/module.c and every csrc/c_core/src/*.c) is compiled as C11 with the
-    plain C compiler, before anything else, in BuildExt.build_extensions.
-    torch's BuildExtension would route every source of an Extension through
-    the C++ compiler with C++ flags, so the C objects reach the link as
-    extra_objects instead of sources.
+  * The C core (csrc/c_core) is built by its own Makefile (`make lib`), the
+    same rules and flags (-Werror included) that build the library its C
+    tests, sanitizer runs and benchmarks use, compiled in parallel; the
+    extension links that static library. csrc/module.c, the CPython module
+    stub, is compiled here with the plain C compiler. torch's BuildExtension
+    would route every source of an Extension through the C++ compiler with
+    C++ flags, so the C parts reach the link as extra_objects.
   * C++ (csrc/*.cpp) goes through torch's BuildExtension, which picks the C++
     standard torch's headers need (C++20 from torch 2.13 on; 2.14's headers
     refuse anything older).
@@ -18,8 +20,9 @@ binding library) with an rpath to torch/lib; with torch's CUDA build also
 against c10_cuda, torch_cuda and cudart (see cuda_build_config()). NCCL is not
 linked: the core finds the copy torch loaded at run time.
 
-TCCOMM_BUILD_VARIANT picks a test build that is never shipped: the shipped
-flags plus those of VARIANT_FLAGS below. Build it out of tree
+TCCOMM_BUILD_VARIANT picks a test build that is never shipped: the core's
+Makefile configuration of that name, and the shim's flags plus those of
+VARIANT_FLAGS below. Build it out of tree
 (setup.py build_ext --build-lib DIR --build-temp DIR/tmp), as the scripts
 that use it do.
 """
@@ -27,6 +30,7 @@ that use it do.
 import glob
 import os
 import shutil
+import subprocess
 import warnings
 
 import torch
@@ -47,14 +51,16 @@ def absolute(*parts):
 
 
 def sorted_glob(pattern):
-    return sorted(rel(p) for p in glob.glob(os.path.join(ROOT, pattern)))
+    return sorted(rel(p) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
 
 
-CORE_INCLUDE = [absolute("csrc", "c_core", "include"), absolute("csrc", "c_core", "src")]
-# The core's file list changes as it grows: take whatever is there.
-C_SOURCES = [rel("csrc", "module.c")] + sorted_glob("csrc/c_core/src/*.c")
-C_HEADERS = sorted_glob("csrc/c_core/include/*.h") + sorted_glob("csrc/c_core/src/*.h")
-C_FLAGS = ["-std=c11", "-ffp-contract=off", "-D_GNU_SOURCE", "-O3", "-pthread", "-Wall", "-Wextra"]
+CORE_DIR = absolute("csrc", "c_core")
+CORE_INCLUDE = [absolute("csrc", "c_core", "include")]
+# Only for relinking when the core changes; the Makefile picks the sources.
+CORE_FILES = sorted_glob("csrc/c_core/include/*.h") + sorted_glob("csrc/c_core/src/**/*.[ch]") + [
+    rel("csrc", "c_core", "Makefile")]
+MODULE_SOURCES = [rel("csrc", "module.c")]
+MODULE_FLAGS = ["-std=c11", "-pthread", "-Wall", "-Wextra", "-Werror"]
 
 CXX_SOURCES = sorted_glob("csrc/*.cpp")
 # CUDA-only shim code; left out of CPU-only builds (see cuda_build_config()).
@@ -64,7 +70,7 @@ CXX_HEADERS = sorted_glob("csrc/*.hpp")
 TORCH_SYSTEM_INCLUDES = [
     flag for d in cpp_extension.include_paths() for flag in ("-isystem", d)
 ]
-CXX_FLAGS = ["-O3", "-Wall", "-Wextra"] + TORCH_SYSTEM_INCLUDES
+CXX_FLAGS = ["-O3", "-Wall", "-Wextra", "-Werror"] + TORCH_SYSTEM_INCLUDES
 
 TORCH_LIB = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
 LINK_FLAGS = [
@@ -128,33 +134,35 @@ def cuda_build_config():
     if nccl_include is None:
         return None, "nccl.h not found (install nvidia-nccl-cu* or set NCCL_INCLUDE_DIR)"
     lib_dirs = [d for d in (os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")) if os.path.isdir(d)]
-    return {"includes": [nccl_include, os.path.join(cuda_home, "include")], "lib_dirs": lib_dirs}, ""
+    return {"includes": [nccl_include, os.path.join(cuda_home, "include")], "nccl_include": nccl_include,
+            "cuda_include": os.path.join(cuda_home, "include"), "lib_dirs": lib_dirs}, ""
 
 
-# Test builds (TCCOMM_BUILD_VARIANT), each the shipped flags plus these:
+# Test builds (TCCOMM_BUILD_VARIANT): the core's Makefile configuration of
+# the same name, and for the shim the shipped flags plus these:
 #   mutant  the C core's deliberate bugs, chosen at run time by
-#           TCCOMM_MUTATION (csrc/c_core/src/mutation.h;
+#           TCCOMM_MUTATION (csrc/c_core/src/core/mutation.h;
 #           scripts/mutation_check.sh);
 #   asan    AddressSanitizer + UBSan in the core and the shim, any report
 #           fatal (scripts/asan_pytest.sh; needs libasan preloaded).
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1"]
-VARIANT_FLAGS = {  # name: (C flags, C++ flags, link flags)
+VARIANT_FLAGS = {  # name: (module.c flags, C++ flags, link flags)
     "": ([], [], []),
-    "mutant": (["-DTCC_MUTATIONS"], [], []),
+    "mutant": ([], [], []),
     "asan": (SANITIZE, SANITIZE, ["-fsanitize=address,undefined"]),
 }
 VARIANT = os.environ.get("TCCOMM_BUILD_VARIANT", "")
 if VARIANT not in VARIANT_FLAGS:
     raise SystemExit(f"tccomm: unknown TCCOMM_BUILD_VARIANT {VARIANT!r} (known: {sorted(VARIANT_FLAGS)[1:]})")
-C_FLAGS += VARIANT_FLAGS[VARIANT][0]
+MODULE_FLAGS += VARIANT_FLAGS[VARIANT][0]
 CXX_FLAGS += VARIANT_FLAGS[VARIANT][1]
 LINK_FLAGS += VARIANT_FLAGS[VARIANT][2]
 
 CUDA, NO_CUDA_REASON = cuda_build_config()
 LIBRARY_DIRS = [TORCH_LIB]
+# The core's Makefile configuration: the variant, "-cuda" with the NCCL executor.
+CORE_CONFIG = (VARIANT or "release") + ("-cuda" if CUDA else "")
 if CUDA:
-    # The core's CUDA path: -DTCC_WITH_CUDA and the real nccl.h / cuda_runtime_api.h.
-    C_FLAGS += ["-DTCC_WITH_CUDA"] + [f for d in CUDA["includes"] for f in ("-isystem", d)]
     CXX_FLAGS += ["-DTCCOMM_WITH_CUDA"] + [f for d in CUDA["includes"] for f in ("-isystem", d)]
     CXX_SOURCES += CUDA_CXX_SOURCES
     # cudart by soname (libcudart.so.N): at run time it is the copy torch loaded.
@@ -166,20 +174,28 @@ elif torch.version.cuda is not None:
 
 class BuildExt(cpp_extension.BuildExtension):
     def build_extensions(self):
-        c_objects = self._compile_c_sources()
+        c_objects = self._compile_module_stub() + [self._make_core()]
         for ext in self.extensions:
             ext.extra_objects = c_objects + list(ext.extra_objects or [])
         super().build_extensions()
 
-    def _compile_c_sources(self):
+    def _make_core(self):
+        """Builds the core's static library with its Makefile; its path."""
+        cmd = ["make", "-C", CORE_DIR, f"-j{os.cpu_count() or 1}", "--no-print-directory", "-s", "lib",
+               f"CONFIG={CORE_CONFIG}"]
+        if CUDA:
+            cmd += [f"NCCL_INCLUDE={CUDA['nccl_include']}", f"CUDA_INCLUDE={CUDA['cuda_include']}"]
+        out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+        return out.strip().splitlines()[-1]
+
+    def _compile_module_stub(self):
         # self.compiler is still the plain C compiler, configured like Python's
         # own (-fPIC, Python's include dir); BuildExtension wraps it only in super().
         return self.compiler.compile(
-            C_SOURCES,
+            MODULE_SOURCES,
             output_dir=os.path.join(self.build_temp, "c"),
             include_dirs=CORE_INCLUDE,
-            extra_postargs=C_FLAGS,
-            depends=C_HEADERS,
+            extra_postargs=MODULE_FLAGS,
         )
 
 
@@ -193,7 +209,7 @@ ext = Extension(
     extra_link_args=LINK_FLAGS,
     language="c++",
     # A change to any C source or header relinks the extension.
-    depends=C_SOURCES + C_HEADERS + CXX_HEADERS + sorted_glob("csrc/cuda/*.hpp"),
+    depends=MODULE_SOURCES + CORE_FILES + CXX_HEADERS + sorted_glob("csrc/cuda/*.hpp"),
 )
 
 setup(

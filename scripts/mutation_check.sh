@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shows that the tests can fail: builds the C core's deliberate bugs
-# (csrc/c_core/src/mutation.h, compiled only with -DTCC_MUTATIONS) into the
+# (csrc/c_core/src/core/mutation.h, compiled only with -DTCC_MUTATIONS) into the
 # C tests (make -C csrc/c_core mutant) and into an out-of-tree copy of the
 # extension, then for each bug runs a few targeted tests with
 # TCCOMM_MUTATION=<bug> and requires every one of them to fail, and runs
@@ -49,7 +49,7 @@ want=("$@")
 selected=()
 for entry in "${MUTATIONS[@]}"; do
   name=${entry%%|*}
-  grep -q "\"$name\"" csrc/c_core/src/mutation.h || { echo "mutation_check: '$name' is not in mutation.h"; exit 2; }
+  grep -q "\"$name\"" csrc/c_core/src/core/mutation.h || { echo "mutation_check: '$name' is not in mutation.h"; exit 2; }
   if [ ${#want[@]} -eq 0 ] || [[ " ${want[*]} " == *" $name "* ]]; then selected+=("$entry"); fi
 done
 [ ${#selected[@]} -gt 0 ] || { echo "mutation_check: no mutation selected from: $*"; exit 2; }

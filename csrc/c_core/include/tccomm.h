@@ -293,8 +293,8 @@ void tcc_window_destroy(tcc_window_t *win);
  * complete at once from the host's view (the graph replays them); their
  * events are never queried and no host callback is tied to them. */
 
-/* 1 when this build of the core has the CUDA path (compiled with
- * TCC_WITH_CUDA), else 0: CUDA buffers are then rejected. */
+/* 1 when this build of the core has the CUDA path (the NCCL executor
+ * of src/nccl/), else 0: CUDA buffers are then rejected. */
 int tcc_cuda_built(void);
 /* The NCCL_VERSION_CODE of the nccl.h the core was built with (0 without CUDA). */
 int tcc_nccl_header_version(void);

@@ -28,8 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-#include "mutation.h"
+#include "core/base.h"
+#include "core/mutation.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

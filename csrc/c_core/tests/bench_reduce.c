@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core/internal.h"
 
 #define BYTES_PER_SOURCE (4u << 20)
 #define MAX_SOURCES 4

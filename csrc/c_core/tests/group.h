@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "internal.h" /* tcc_blob_t, to fake other hosts */
+#include "core/internal.h" /* tcc_blob_t, to fake other hosts */
 #include "tccomm.h"
 
 typedef struct rendezvous {

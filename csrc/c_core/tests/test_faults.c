@@ -21,7 +21,8 @@
 
 #include "check.h"
 #include "group.h"
-#include "p2p_frame.h"
+#include "host/p2p_frame.h"
+#include "transport/transport.h"
 
 /* Sanitizers slow everything down (and exits most): their runs set
  * TCC_TEST_SLOW and get a wider bound. */

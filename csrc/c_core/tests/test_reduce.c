@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "internal.h"
+#include "core/internal.h"
 
 /* ---- random numbers ---------------------------------------------------- */
 

@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "shm_segment.h"
+#include "transport/shm/shm_segment.h"
 #include "tccomm.h"
 
 #define DAY_S (24 * 60 * 60)

@@ -32,8 +32,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "shm.h"
-#include "shm_segment.h"
+#include "transport/shm/shm.h"
+#include "transport/shm/shm_segment.h"
 #include "tccomm.h"
 
 #define SKIP_EXIT 77

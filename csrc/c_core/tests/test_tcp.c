@@ -3,7 +3,7 @@
  *
  * Each group forks N processes (N = 1..4) that open endpoints, swap blobs
  * through shared memory mapped before the fork, build a bare tcc_comm by
- * hand, connect with tcc_tcp_setup and call the transport's run_collective
+ * hand, connect with tcc_tcp_setup and run collectives with tcc__coll_run
  * and p2p functions directly. Results are compared with references
  * computed here from the same input formulas. Groups also cover a
  * mismatch (every rank fails alike, the next op works), a missing rank
@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "tcp.h"
+#include "transport/tcp/tcp.h"
 
 #define MAXN 4
 #define BIG ((3u << 20) + 5) /* elements: several pipeline segments per rank */
@@ -114,6 +114,7 @@ static tcc_result_t setup(rank_ctx_t *t, tcc_endpoint_t *ep, int64_t timeout_ms,
   t->comm = new_comm(t, timeout_ms);
   memset(err, 0, sizeof(*err));
   tcc_result_t r = tcc_tcp_setup(t->comm, ep, blobs, err);
+  if (r == TCC_OK) r = tcc__coll_attach(t->comm, err); /* the algorithms' scratch, as tcc_comm_create has it */
   CHECK(ep->listen_fd == -1, "rank %d: setup left the listening socket open", t->rank);
   tcc_endpoint_close(ep);
   return r;
@@ -122,6 +123,7 @@ static tcc_result_t setup(rank_ctx_t *t, tcc_endpoint_t *ep, int64_t timeout_ms,
 static void teardown(rank_ctx_t *t) {
   if (t->comm->ops) t->comm->ops->destroy(t->comm);
   CHECK(t->comm->transport_state == NULL, "destroy left state behind");
+  tcc__coll_release(t->comm);
   free(t->comm);
   t->comm = NULL;
 }
@@ -129,7 +131,7 @@ static void teardown(rank_ctx_t *t) {
 static tcc_result_t run(rank_ctx_t *t, tcc_coll_t *c, int64_t timeout_ms, tcc_err_t *err) {
   memset(err, 0, sizeof(*err));
   int64_t deadline = tcc_now_ns() + timeout_ms * 1000000;
-  return t->comm->ops->run_collective(t->comm, c, t->seq++, deadline, err);
+  return tcc__coll_run(t->comm, c, t->seq++, deadline, err);
 }
 
 static void run_ok(rank_ctx_t *t, tcc_coll_t *c, const char *what) {

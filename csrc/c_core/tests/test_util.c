@@ -7,7 +7,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "internal.h"
+#include "core/internal.h"
 
 static void test_err_set(void) {
   tcc_err_t err = {0};

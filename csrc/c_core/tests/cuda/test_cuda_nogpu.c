@@ -19,7 +19,7 @@
 int main(void) {
   alarm(120);
   unsetenv("TCCOMM_TRANSPORT");
-  CHECK(tcc_cuda_built() == 1, "built with TCC_WITH_CUDA");
+  CHECK(tcc_cuda_built() == 1, "built with the NCCL executor");
   CHECK(tcc_nccl_header_version() >= 20700, "header version %d", tcc_nccl_header_version());
   int v = 0;
   char err[512] = {0};

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #include "fuzz.h"
-#include "internal.h"
+#include "core/internal.h"
 
 #define MAX_RANKS 8
 

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "p2p_frame.h"
+#include "host/p2p_frame.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   tcc_comm_t *comm = calloc(1, sizeof *comm);

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "fuzz.h"
-#include "shm.h"
+#include "transport/shm/shm.h"
 
 #define MAX_FILE (64u << 10)
 

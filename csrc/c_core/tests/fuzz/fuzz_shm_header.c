@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "fuzz.h"
-#include "shm.h"
+#include "transport/shm/shm.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fuzz_in_t in = {data, size};

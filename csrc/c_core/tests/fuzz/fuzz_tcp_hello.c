@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "fuzz.h"
-#include "tcp.h"
+#include "transport/tcp/tcp.h"
 
 #define MAX_RANKS 16
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "fuzz.h"
-#include "window.h"
+#include "window/window.h"
 
 #define MAX_RANKS 8
 

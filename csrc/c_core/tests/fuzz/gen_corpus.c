@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "p2p_frame.h"
-#include "shm.h"
-#include "tcp.h"
-#include "window.h"
+#include "host/p2p_frame.h"
+#include "transport/shm/shm.h"
+#include "transport/tcp/tcp.h"
+#include "window/window.h"
 
 typedef struct out {
   uint8_t buf[16384];
@@ -137,7 +137,7 @@ static void gen_coll_desc(void) {
 
 static uint64_t align_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-/* The layout shm.c lays out, recomputed; the check below proves it right. */
+/* The layout shm_setup.c lays out, recomputed; the check below proves it right. */
 static void shm_layout(shm_header_t *h, int n, uint64_t window) {
   memset(h, 0, sizeof *h);
   h->size = (uint32_t)n;

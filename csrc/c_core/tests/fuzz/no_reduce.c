@@ -5,7 +5,7 @@
  */
 #include <stdlib.h>
 
-#include "internal.h"
+#include "core/internal.h"
 
 void tcc_reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count, tcc_dtype_t dtype,
                   tcc_redop_t op, double premul) {

@@ -1,0 +1,90 @@
+/*
+ * coll.h - a collective as issued on one rank (tcc_coll_t), and the
+ * descriptors ranks compare before any data moves (coll/desc.c).
+ */
+#ifndef TCC_COLL_COLL_H
+#define TCC_COLL_COLL_H
+
+#include "core/base.h"
+
+typedef enum tcc_coll_kind {
+  TCC_COLL_BROADCAST = 1,
+  TCC_COLL_ALLREDUCE,
+  TCC_COLL_REDUCE,
+  TCC_COLL_ALLGATHER,
+  TCC_COLL_GATHER,
+  TCC_COLL_SCATTER,
+  TCC_COLL_REDUCE_SCATTER,
+  TCC_COLL_ALLTOALL,
+  TCC_COLL_BARRIER
+} tcc_coll_kind_t;
+
+const char *tcc_coll_name(tcc_coll_kind_t kind);
+
+/* One collective as issued on this rank. Buffers are host memory.
+ * - BROADCAST: send = recv = the buffer (count elements).
+ * - ALLREDUCE/REDUCE: send -> recv (count elements each; recv only on
+ *   root for REDUCE). May be the same memory.
+ * - ALLGATHER/GATHER: send (count) -> recvs[j] (count each).
+ * - SCATTER: sends[j] (count each, root) -> recv (count).
+ * - REDUCE_SCATTER: sends[j] (count each) -> recv (count).
+ * - ALLTOALL: sends[j] -> recvs[j], per-peer counts.
+ * - BARRIER: nothing. */
+typedef struct tcc_coll {
+  tcc_coll_kind_t kind;
+  tcc_dtype_t dtype;
+  tcc_redop_t redop;
+  double premul;
+  int root;
+  size_t count;       /* elements, see above */
+  void *send;
+  void *recv;
+  void **sends;       /* size entries (or NULL) */
+  void **recvs;       /* size entries (or NULL) */
+  size_t *send_counts; /* ALLTOALL: elements to each peer */
+  size_t *recv_counts; /* ALLTOALL: elements from each peer */
+} tcc_coll_t;
+
+/* What every rank publishes before a collective so all ranks can check
+ * that they agree. Followed, for ALLTOALL only, by size send counts and
+ * size recv counts (uint64 each). */
+typedef struct tcc_coll_desc {
+  uint64_t seq;
+  uint32_t kind;
+  uint32_t dtype;
+  uint32_t redop;
+  int32_t root;
+  uint64_t count;
+} tcc_coll_desc_t;
+
+/* Bytes a descriptor takes on a communicator of `size` ranks. */
+size_t tcc_coll_desc_bytes(tcc_coll_kind_t kind, int size);
+/* Writes this rank's descriptor (tcc_coll_desc_bytes bytes) into out. */
+void tcc_coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out);
+/* Checks the descriptors of all ranks (descs[r] points at rank r's) and
+ * returns TCC_OK or TCC_ERR_MISMATCH with a message naming the first
+ * disagreement. Deterministic: every rank reaches the same verdict. */
+tcc_result_t tcc_coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
+                                 const void *const *descs, tcc_err_t *err);
+
+/* When data arriving for this rank could land on input it still has to
+ * send (outputs overlapping inputs, other than exact in-place use, which
+ * every algorithm handles), points *staged at a copy of c whose inputs are
+ * a private snapshot held in *mem (free it after the collective).
+ * Otherwise *staged = *c and *mem = NULL. Returns false when out of memory. */
+bool tcc_coll_snapshot_inputs(const tcc_coll_t *c, int n, int me, tcc_coll_t *staged, void **mem);
+
+/* ---- running collectives (coll_select.c) ------------------------------ */
+
+/* Allocates the algorithms' per-communicator scratch (after the
+ * transport is set up); tcc__coll_release frees it. */
+tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err);
+void tcc__coll_release(tcc_comm_t *comm);
+/* Runs one collective to completion or failure over the communicator's
+ * transport, with the algorithm chosen for it. deadline_ns is absolute
+ * (tcc_now_ns clock). Returns TCC_ERR_ABORTED soon after the communicator
+ * failed. Only the thread holding the collective queue calls it. */
+tcc_result_t tcc__coll_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                           tcc_err_t *err);
+
+#endif /* TCC_COLL_COLL_H */

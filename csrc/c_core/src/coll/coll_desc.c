@@ -1,0 +1,234 @@
+/*
+ * coll_desc.c - collective descriptors: what each rank publishes before a
+ * collective so that all ranks can verify they agree on it.
+ *
+ * The check is deterministic over the same set of descriptors, so every
+ * rank reaches the same verdict and a mismatch fails the op everywhere
+ * without any data having moved (the communicator stays usable).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "core/mutation.h"
+
+const char *tcc_coll_name(tcc_coll_kind_t kind) {
+  switch (kind) {
+    case TCC_COLL_BROADCAST: return "broadcast";
+    case TCC_COLL_ALLREDUCE: return "allreduce";
+    case TCC_COLL_REDUCE: return "reduce";
+    case TCC_COLL_ALLGATHER: return "allgather";
+    case TCC_COLL_GATHER: return "gather";
+    case TCC_COLL_SCATTER: return "scatter";
+    case TCC_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case TCC_COLL_ALLTOALL: return "alltoall";
+    case TCC_COLL_BARRIER: return "barrier";
+  }
+  return "unknown";
+}
+
+size_t tcc_coll_desc_bytes(tcc_coll_kind_t kind, int size) {
+  size_t bytes = sizeof(tcc_coll_desc_t);
+  if (kind == TCC_COLL_ALLTOALL) bytes += 2 * (size_t)size * sizeof(uint64_t);
+  return bytes;
+}
+
+void tcc_coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out) {
+  tcc_coll_desc_t d;
+  memset(&d, 0, sizeof d);
+  d.seq = seq;
+  d.kind = (uint32_t)c->kind;
+  d.dtype = (uint32_t)c->dtype;
+  /* Only reductions carry a meaningful reduce op. */
+  int reduces = c->kind == TCC_COLL_ALLREDUCE || c->kind == TCC_COLL_REDUCE ||
+                c->kind == TCC_COLL_REDUCE_SCATTER;
+  d.redop = reduces ? (uint32_t)c->redop : 0;
+  int rooted = c->kind == TCC_COLL_BROADCAST || c->kind == TCC_COLL_REDUCE ||
+               c->kind == TCC_COLL_GATHER || c->kind == TCC_COLL_SCATTER;
+  d.root = rooted ? c->root : -1;
+  d.count = c->kind == TCC_COLL_ALLTOALL || c->kind == TCC_COLL_BARRIER ? 0 : c->count;
+  memcpy(out, &d, sizeof d);
+  if (c->kind == TCC_COLL_ALLTOALL) {
+    uint64_t *counts = (uint64_t *)((char *)out + sizeof d);
+    for (int j = 0; j < size; j++) {
+      counts[j] = c->send_counts[j];
+      counts[size + j] = c->recv_counts[j];
+    }
+  }
+}
+
+static const tcc_coll_desc_t *desc_at(const void *const *descs, int r) {
+  return (const tcc_coll_desc_t *)descs[r];
+}
+
+static const uint64_t *alltoall_counts(const void *const *descs, int r) {
+  return (const uint64_t *)((const char *)descs[r] + sizeof(tcc_coll_desc_t));
+}
+
+tcc_result_t tcc_coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
+                                 const void *const *descs, tcc_err_t *err) {
+  if (TCC_MUTANT(MISMATCH_UNCHECKED)) return TCC_OK; /* MUTATION SITE */
+  const int n = comm->size;
+  const tcc_coll_desc_t *mine = desc_at(descs, comm->rank);
+  const char *op = tcc_coll_name(c->kind);
+  /* Compare every rank against rank 0, in rank order, so the first
+   * disagreement reported is the same everywhere. */
+  const tcc_coll_desc_t *ref = desc_at(descs, 0);
+  for (int r = 1; r < n; r++) {
+    const tcc_coll_desc_t *d = desc_at(descs, r);
+    if (d->seq != ref->seq || d->kind != ref->kind) {
+      return tcc_err_set(err, TCC_ERR_MISMATCH,
+                         "tccomm %s on '%s' (rank %d): ranks issued different collectives: "
+                         "rank 0 issued %s #%llu, rank %d issued %s #%llu",
+                         op, comm->name, comm->rank, tcc_coll_name((tcc_coll_kind_t)ref->kind),
+                         (unsigned long long)ref->seq, r,
+                         tcc_coll_name((tcc_coll_kind_t)d->kind), (unsigned long long)d->seq);
+    }
+    if (d->dtype != ref->dtype) {
+      return tcc_err_set(err, TCC_ERR_MISMATCH,
+                         "tccomm %s on '%s' (rank %d): dtype mismatch: rank 0 has %s, rank %d has %s",
+                         op, comm->name, comm->rank, tcc_dtype_name((tcc_dtype_t)ref->dtype), r,
+                         tcc_dtype_name((tcc_dtype_t)d->dtype));
+    }
+    if (d->count != ref->count) {
+      return tcc_err_set(err, TCC_ERR_MISMATCH,
+                         "tccomm %s on '%s' (rank %d): size mismatch: rank 0 has %llu elements, "
+                         "rank %d has %llu",
+                         op, comm->name, comm->rank, (unsigned long long)ref->count, r,
+                         (unsigned long long)d->count);
+    }
+    if (d->redop != ref->redop) {
+      return tcc_err_set(err, TCC_ERR_MISMATCH,
+                         "tccomm %s on '%s' (rank %d): reduce op mismatch: rank 0 uses %s, rank %d uses %s",
+                         op, comm->name, comm->rank, tcc_redop_name((tcc_redop_t)ref->redop), r,
+                         tcc_redop_name((tcc_redop_t)d->redop));
+    }
+    if (d->root != ref->root) {
+      return tcc_err_set(err, TCC_ERR_MISMATCH,
+                         "tccomm %s on '%s' (rank %d): root mismatch: rank 0 uses root %d, rank %d uses %d",
+                         op, comm->name, comm->rank, ref->root, r, d->root);
+    }
+  }
+  (void)mine;
+  if (c->kind == TCC_COLL_ALLTOALL) {
+    /* What j sends to k must be what k expects from j. */
+    for (int j = 0; j < n; j++) {
+      const uint64_t *cj = alltoall_counts(descs, j);
+      for (int k = 0; k < n; k++) {
+        uint64_t sent = cj[k];
+        uint64_t expected = alltoall_counts(descs, k)[n + j];
+        if (sent != expected) {
+          return tcc_err_set(err, TCC_ERR_MISMATCH,
+                             "tccomm %s on '%s' (rank %d): split size mismatch: rank %d sends %llu "
+                             "elements to rank %d, which expects %llu",
+                             op, comm->name, comm->rank, j, (unsigned long long)sent, k,
+                             (unsigned long long)expected);
+        }
+      }
+    }
+  }
+  return TCC_OK;
+}
+
+/* ---- inputs that overlap outputs -------------------------------------- */
+
+static bool overlap(const void *a, size_t alen, const void *b, size_t blen) {
+  if (!alen || !blen || !a || !b) return false;
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + blen && y < x + alen;
+}
+
+/* Whether the address range spanned by all inputs meets the one spanned
+ * by the outputs peers write; if not, no input can overlap an output. */
+static bool alltoall_spans_meet(const tcc_coll_t *c, int n, int me, size_t es) {
+  uintptr_t in_lo = UINTPTR_MAX, in_hi = 0, out_lo = UINTPTR_MAX, out_hi = 0;
+  for (int j = 0; j < n; j++) {
+    size_t in_len = c->send_counts[j] * es, out_len = c->recv_counts[j] * es;
+    uintptr_t in = (uintptr_t)c->sends[j], out = (uintptr_t)c->recvs[j];
+    if (in && in_len) {
+      if (in < in_lo) in_lo = in;
+      if (in + in_len > in_hi) in_hi = in + in_len;
+    }
+    if (j != me && out && out_len) {
+      if (out < out_lo) out_lo = out;
+      if (out + out_len > out_hi) out_hi = out + out_len;
+    }
+  }
+  return in_lo < out_hi && out_lo < in_hi;
+}
+
+/* True when data arriving from peers (or a reduced chunk) could land on
+ * input this rank still has to send. Exact in-place use (send == recv
+ * for allreduce/reduce, recv == sends[me] for reduce-scatter) is safe by
+ * construction: a peer only returns reduced bytes of a region after this
+ * rank has sent its own contribution to that region. */
+static bool inputs_need_copy(const tcc_coll_t *c, int n, int me, size_t es) {
+  size_t bytes = c->count * es;
+  switch (c->kind) {
+  case TCC_COLL_GATHER:
+    if (me != c->root) return false;
+    /* fall through */
+  case TCC_COLL_ALLGATHER:
+    for (int j = 0; j < n; j++)
+      if (j != me && overlap(c->send, bytes, c->recvs[j], bytes)) return true;
+    return false;
+  case TCC_COLL_ALLREDUCE:
+  case TCC_COLL_REDUCE:
+    if (c->kind == TCC_COLL_REDUCE && me != c->root) return false;
+    return c->send != c->recv && overlap(c->send, bytes, c->recv, bytes);
+  case TCC_COLL_REDUCE_SCATTER:
+    for (int j = 0; j < n; j++)
+      if (overlap(c->sends[j], bytes, c->recv, bytes) && !(j == me && c->sends[j] == c->recv))
+        return true;
+    return false;
+  case TCC_COLL_ALLTOALL:
+    if (!alltoall_spans_meet(c, n, me, es)) return false; /* the usual case, in O(n) */
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < n; j++)
+        if (j != me && overlap(c->sends[i], c->send_counts[i] * es, c->recvs[j],
+                               c->recv_counts[j] * es))
+          return true;
+    return false;
+  default:
+    return false;
+  }
+}
+
+/* Points *staged at a private copy of the inputs of c (held in *mem). */
+static bool copy_inputs(const tcc_coll_t *c, int n, size_t es, tcc_coll_t *staged,
+                        void **mem) {
+  *staged = *c;
+  bool per_peer = c->kind == TCC_COLL_ALLTOALL || c->kind == TCC_COLL_REDUCE_SCATTER;
+  if (!per_peer) {
+    size_t bytes = c->count * es;
+    *mem = malloc(bytes);
+    if (!*mem) return false;
+    memcpy(*mem, c->send, bytes);
+    staged->send = *mem;
+    return true;
+  }
+  size_t total = 0;
+  for (int j = 0; j < n; j++)
+    total += (c->kind == TCC_COLL_ALLTOALL ? c->send_counts[j] : c->count) * es;
+  void **sends = malloc((size_t)n * sizeof(void *) + total);
+  if (!sends) return false;
+  uint8_t *p = (uint8_t *)(sends + n);
+  for (int j = 0; j < n; j++) {
+    size_t len = (c->kind == TCC_COLL_ALLTOALL ? c->send_counts[j] : c->count) * es;
+    sends[j] = p;
+    if (len) memcpy(p, c->sends[j], len);
+    p += len;
+  }
+  *mem = sends;
+  staged->sends = sends;
+  return true;
+}
+
+bool tcc_coll_snapshot_inputs(const tcc_coll_t *c, int n, int me, tcc_coll_t *staged, void **mem) {
+  const size_t es = tcc_dtype_size(c->dtype);
+  *staged = *c;
+  *mem = NULL;
+  if (!inputs_need_copy(c, n, me, es)) return true;
+  return copy_inputs(c, n, es, staged, mem);
+}

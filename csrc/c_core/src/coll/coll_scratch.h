@@ -1,0 +1,50 @@
+/*
+ * coll_scratch.h - per-communicator scratch of the collective algorithms,
+ * `size` entries per array, allocated with the communicator. Only the
+ * thread running the collective queue (one at a time) touches it.
+ */
+#ifndef TCC_COLL_SCRATCH_H
+#define TCC_COLL_SCRATCH_H
+
+#include <poll.h>
+
+#include "transport/transport.h"
+
+/* A contiguous run of a rank's staged stream. */
+typedef struct coll_piece {
+  const char *ptr;
+  size_t len;
+} coll_piece_t;
+
+/* What this rank reads from one peer's stream: bytes [off, off+len) into dst. */
+typedef struct coll_read {
+  size_t off;
+  size_t len;
+  char *dst;
+} coll_read_t;
+
+typedef struct tcc__coll_scratch {
+  const void **srcs;
+  const void **descs;
+  coll_piece_t *pieces;
+  coll_read_t *reads;
+  const char **part_src;
+  char **part_out;
+  size_t *part_len;
+  /* stream algorithms: one poll entry per peer */
+  int *poll_peers;
+  short *poll_events;
+  short *poll_revents;
+} tcc__coll_scratch_t;
+
+static inline tcc__coll_scratch_t *coll_scratch_of(tcc_comm_t *comm) {
+  return (tcc__coll_scratch_t *)comm->coll_scratch;
+}
+
+/* coll_staged.c, coll_stream.c: one collective over each kind of transport offer. */
+tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                                  tcc_err_t *err);
+tcc_result_t tcc__coll_stream_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                                  tcc_err_t *err);
+
+#endif /* TCC_COLL_SCRATCH_H */

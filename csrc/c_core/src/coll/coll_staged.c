@@ -1,0 +1,329 @@
+/*
+ * coll_staged.c - collectives over shared staging spans (the transport's
+ * tcc__spans_ops_t; see transport.h for the stage rule).
+ *
+ * Every collective's first stage carries this rank's descriptor and the
+ * first window of its data; after that barrier all ranks check the
+ * descriptors and reach the same verdict before anyone reads peer data.
+ *
+ * Data movement (broadcast, gathers, scatter, all-to-all): each rank
+ * stages a "stream" (the bytes others need from it) window by window;
+ * readers copy the part of each window that is theirs.
+ *
+ * Reductions: each stage every rank stages one slot per destination part;
+ * rank i reduces part i from all ranks' slots in rank order (bit-identical
+ * everywhere) and, unless it only needs its own part (reduce-scatter),
+ * publishes it in its result window for the others to copy in the next
+ * stage. Small reductions go one-shot: every rank reduces everything.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/coll_scratch.h"
+
+/* One collective's view of the spans and of the scratch. */
+typedef struct staged {
+  tcc_comm_t *comm;
+  const tcc__spans_ops_t *sp;
+  size_t window;      /* bytes per window */
+  size_t small_bytes; /* reductions up to this size go one-shot */
+  tcc__coll_scratch_t *sc;
+} staged_t;
+
+static char *desc_of(staged_t *st, int r, int parity) { return st->sp->desc(st->comm, r, parity); }
+static char *in_of(staged_t *st, int r, int parity) { return st->sp->input(st->comm, r, parity); }
+static char *res_of(staged_t *st, int r, int parity) { return st->sp->result(st->comm, r, parity); }
+static int next_parity(staged_t *st) { return st->sp->next_parity(st->comm); }
+static tcc_result_t stage_barrier(staged_t *st, int64_t deadline, const char *what, uint64_t seq, tcc_err_t *err) {
+  return st->sp->barrier(st->comm, deadline, what, seq, err);
+}
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+static void copy_bytes(char *dst, const char *src, size_t len) {
+  if (len && dst != src) memmove(dst, src, len);
+}
+
+/* Copies bytes [from, from+len) of the concatenated pieces into dst. */
+static void copy_stream(char *dst, const coll_piece_t *pieces, int np, size_t from, size_t len) {
+  size_t base = 0;
+  for (int i = 0; i < np && len > 0; i++) {
+    size_t end = base + pieces[i].len;
+    if (from < end) {
+      size_t off = from - base;
+      size_t n = min_sz(len, pieces[i].len - off);
+      memcpy(dst, pieces[i].ptr + off, n);
+      dst += n;
+      from += n;
+      len -= n;
+    }
+    base = end;
+  }
+}
+
+/* The first stage's barrier and the agreement check. */
+static tcc_result_t first_stage_sync(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, int parity,
+                                     uint64_t seq, int64_t deadline, tcc_err_t *err) {
+  tcc_result_t r = stage_barrier(st, deadline, tcc_coll_name(c->kind), seq, err);
+  if (r != TCC_OK) return r;
+  for (int j = 0; j < comm->size; j++) st->sc->descs[j] = desc_of(st, j, parity);
+  return tcc_coll_desc_check(comm, c, st->sc->descs, err);
+}
+
+static const uint64_t *peer_send_counts(staged_t *st, int j) {
+  return (const uint64_t *)((const char *)st->sc->descs[j] + sizeof(tcc_coll_desc_t));
+}
+
+/* ---- data movement ---------------------------------------------------- */
+
+/* This rank's stream: what the others read from it. */
+static int build_stream(tcc_comm_t *comm, const tcc_coll_t *c, size_t es, coll_piece_t *pieces) {
+  const int n = comm->size, me = comm->rank;
+  const size_t bytes = c->count * es;
+  int np = 0;
+  switch (c->kind) {
+    case TCC_COLL_BROADCAST:
+      if (me == c->root) pieces[np++] = (coll_piece_t){c->send, bytes};
+      break;
+    case TCC_COLL_ALLGATHER:
+      pieces[np++] = (coll_piece_t){c->send, bytes};
+      break;
+    case TCC_COLL_GATHER:
+      if (me != c->root) pieces[np++] = (coll_piece_t){c->send, bytes};
+      break;
+    case TCC_COLL_SCATTER:
+      if (me == c->root)
+        for (int k = 0; k < n; k++)
+          if (k != me) pieces[np++] = (coll_piece_t){c->sends[k], bytes};
+      break;
+    case TCC_COLL_ALLTOALL:
+      for (int k = 0; k < n; k++)
+        if (k != me) pieces[np++] = (coll_piece_t){c->sends[k], c->send_counts[k] * es};
+      break;
+    default:
+      break;
+  }
+  return np;
+}
+
+/* Length of rank j's stream, and what this rank reads from it; from the
+ * (already checked) descriptors so it is known for every peer. */
+static size_t plan_read(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, size_t es, int j,
+                        coll_read_t *rd) {
+  const int n = comm->size, me = comm->rank, root = c->root;
+  const size_t bytes = c->count * es;
+  *rd = (coll_read_t){0, 0, NULL};
+  switch (c->kind) {
+    case TCC_COLL_BROADCAST:
+      if (me != root && j == root) *rd = (coll_read_t){0, bytes, c->recv};
+      return j == root ? bytes : 0;
+    case TCC_COLL_ALLGATHER:
+      if (j != me) *rd = (coll_read_t){0, bytes, c->recvs[j]};
+      return bytes;
+    case TCC_COLL_GATHER:
+      if (me == root && j != root) *rd = (coll_read_t){0, bytes, c->recvs[j]};
+      return j == root ? 0 : bytes;
+    case TCC_COLL_SCATTER:
+      if (me != root && j == root) {
+        size_t index = (size_t)(me < root ? me : me - 1);
+        *rd = (coll_read_t){index * bytes, bytes, c->recv};
+      }
+      return j == root ? (size_t)(n - 1) * bytes : 0;
+    case TCC_COLL_ALLTOALL: {
+      const uint64_t *sent = peer_send_counts(st, j);
+      size_t total = 0, off = 0;
+      for (int k = 0; k < n; k++) {
+        if (k == j) continue;
+        if (k < me) off += sent[k] * es;
+        total += sent[k] * es;
+      }
+      if (j != me) *rd = (coll_read_t){off, sent[me] * es, c->recvs[j]};
+      return total;
+    }
+    default:
+      return 0;
+  }
+}
+
+/* Copies this rank's own contribution where the result needs it. */
+static void copy_local(tcc_comm_t *comm, const tcc_coll_t *c, size_t es) {
+  const int me = comm->rank;
+  const size_t bytes = c->count * es;
+  switch (c->kind) {
+    case TCC_COLL_ALLGATHER: copy_bytes(c->recvs[me], c->send, bytes); break;
+    case TCC_COLL_GATHER:
+      if (me == c->root) copy_bytes(c->recvs[me], c->send, bytes);
+      break;
+    case TCC_COLL_SCATTER:
+      if (me == c->root) copy_bytes(c->recv, c->sends[me], bytes);
+      break;
+    case TCC_COLL_ALLTOALL: copy_bytes(c->recvs[me], c->sends[me], c->send_counts[me] * es); break;
+    default: break;
+  }
+}
+
+static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, uint64_t seq,
+                                 int64_t deadline, tcc_err_t *err) {
+  const int n = comm->size, me = comm->rank;
+  const size_t es = tcc_dtype_size(c->dtype), W = st->window;
+  const int np = build_stream(comm, c, es, st->sc->pieces);
+  size_t my_len = 0;
+  for (int i = 0; i < np; i++) my_len += st->sc->pieces[i].len;
+
+  int parity = next_parity(st);
+  tcc_coll_desc_fill(c, seq, n, desc_of(st, me, parity));
+  copy_stream(in_of(st, me, parity), st->sc->pieces, np, 0, min_sz(my_len, W));
+  tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
+  if (r != TCC_OK) return r;
+
+  size_t longest = 0;
+  for (int j = 0; j < n; j++) {
+    size_t len = plan_read(comm, st, c, es, j, &st->sc->reads[j]);
+    if (len > longest) longest = len;
+  }
+  copy_local(comm, c, es);
+
+  for (size_t lo = 0; lo < longest; lo += W) {
+    if (lo > 0) {
+      parity = next_parity(st);
+      if (my_len > lo) copy_stream(in_of(st, me, parity), st->sc->pieces, np, lo, min_sz(my_len - lo, W));
+      r = stage_barrier(st, deadline, tcc_coll_name(c->kind), seq, err);
+      if (r != TCC_OK) return r;
+    }
+    const size_t hi = lo + W;
+    for (int j = 0; j < n; j++) {
+      const coll_read_t *rd = &st->sc->reads[j];
+      size_t a = rd->off > lo ? rd->off : lo;
+      size_t b = min_sz(rd->off + rd->len, hi);
+      if (rd->len == 0 || a >= b) continue;
+      memcpy(rd->dst + (a - rd->off), in_of(st, j, parity) + (a - lo), b - a);
+    }
+  }
+  return TCC_OK;
+}
+
+/* ---- reductions ------------------------------------------------------- */
+
+/* Every rank reduces the whole vector from all inputs: one barrier. */
+static tcc_result_t reduce_one_shot(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, uint64_t seq,
+                                    int64_t deadline, tcc_err_t *err) {
+  const int n = comm->size, me = comm->rank;
+  const size_t bytes = c->count * tcc_dtype_size(c->dtype);
+  const int parity = next_parity(st);
+  tcc_coll_desc_fill(c, seq, n, desc_of(st, me, parity));
+  if (bytes) memcpy(in_of(st, me, parity), c->send, bytes); /* an empty tensor may have no data pointer */
+  tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
+  if (r != TCC_OK) return r;
+  if (c->kind == TCC_COLL_ALLREDUCE || me == c->root) {
+    for (int j = 0; j < n; j++) st->sc->srcs[j] = in_of(st, j, parity);
+    tcc_reduce_n(c->recv, st->sc->srcs, n, c->count, c->dtype, c->redop, c->premul);
+  }
+  return TCC_OK;
+}
+
+/* The vector split in `size` parts; part j is reduced by rank j. */
+typedef struct parts {
+  const char **src; /* part j of this rank's input */
+  char **out;       /* where reduced part j goes here (NULL: not needed) */
+  size_t *len;      /* elements of part j (equal on every rank) */
+  int direct;       /* only out[rank] is needed: reduce straight into it */
+} parts_t;
+
+static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c,
+                                     const parts_t *pt, uint64_t seq, int64_t deadline, tcc_err_t *err) {
+  const int n = comm->size, me = comm->rank;
+  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t slot = st->window / (size_t)n / TCC_CACHELINE * TCC_CACHELINE;
+  const size_t w = slot / es; /* elements of each part per stage */
+  size_t longest = 0;
+  for (int j = 0; j < n; j++) longest = pt->len[j] > longest ? pt->len[j] : longest;
+  const size_t T = (longest + w - 1) / w; /* stages that carry input */
+  const size_t stages = T == 0 ? 1 : pt->direct ? T : T + 1;
+
+  for (size_t t = 0; t < stages; t++) {
+    const int parity = next_parity(st);
+    if (t == 0) tcc_coll_desc_fill(c, seq, n, desc_of(st, me, parity));
+    if (t < T) {
+      char *in = in_of(st, me, parity);
+      for (int j = 0; j < n; j++) {
+        size_t k0 = t * w;
+        /* Our own part is reduced straight from our input: not staged. */
+        if (j != me && k0 < pt->len[j])
+          memcpy(in + (size_t)j * slot, pt->src[j] + k0 * es, min_sz(w, pt->len[j] - k0) * es);
+      }
+    }
+    tcc_result_t r = t == 0 ? first_stage_sync(comm, st, c, parity, seq, deadline, err)
+                            : stage_barrier(st, deadline, tcc_coll_name(c->kind), seq, err);
+    if (r != TCC_OK) return r;
+    if (!pt->direct && t >= 1) {
+      /* Results of stage t-1, published in this stage's parity. */
+      size_t k0 = (t - 1) * w;
+      for (int j = 0; j < n; j++) {
+        if (!pt->out[j] || k0 >= pt->len[j]) continue;
+        memcpy(pt->out[j] + k0 * es, res_of(st, j, parity), min_sz(w, pt->len[j] - k0) * es);
+      }
+    }
+    if (t < T && t * w < pt->len[me]) {
+      size_t k0 = t * w;
+      for (int j = 0; j < n; j++) st->sc->srcs[j] = in_of(st, j, parity) + (size_t)me * slot;
+      st->sc->srcs[me] = pt->src[me] + k0 * es;
+      char *dst = pt->direct ? pt->out[me] + k0 * es : res_of(st, me, parity ^ 1);
+      tcc_reduce_n(dst, st->sc->srcs, n, min_sz(w, pt->len[me] - k0), c->dtype, c->redop, c->premul);
+    }
+  }
+  return TCC_OK;
+}
+
+static tcc_result_t run_reduction(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, uint64_t seq,
+                                  int64_t deadline, tcc_err_t *err) {
+  const int n = comm->size, me = comm->rank;
+  const size_t es = tcc_dtype_size(c->dtype);
+  if (c->kind != TCC_COLL_REDUCE_SCATTER && c->count * es <= st->small_bytes)
+    return reduce_one_shot(comm, st, c, seq, deadline, err);
+
+  parts_t pt = {st->sc->part_src, st->sc->part_out, st->sc->part_len, c->kind == TCC_COLL_REDUCE_SCATTER};
+  if (c->kind == TCC_COLL_REDUCE_SCATTER) {
+    for (int j = 0; j < n; j++) {
+      pt.src[j] = c->sends[j];
+      pt.len[j] = c->count;
+      pt.out[j] = j == me ? c->recv : NULL;
+    }
+  } else {
+    const int wants = c->kind == TCC_COLL_ALLREDUCE || me == c->root;
+    const size_t q = c->count / (size_t)n, rem = c->count % (size_t)n;
+    size_t start = 0;
+    for (int j = 0; j < n; j++) {
+      pt.len[j] = q + ((size_t)j < rem ? 1 : 0);
+      pt.src[j] = (const char *)c->send + start * es;
+      pt.out[j] = wants ? (char *)c->recv + start * es : NULL;
+      start += pt.len[j];
+    }
+  }
+  return reduce_pipelined(comm, st, c, &pt, seq, deadline, err);
+}
+
+tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                                  tcc_err_t *err) {
+  const tcc__spans_ops_t *sp = comm->ops->spans;
+  tcc__coll_scratch_t *sc = coll_scratch_of(comm);
+  staged_t view = {comm, sp, sp->window_bytes(comm), sp->one_shot_bytes(comm), sc};
+  staged_t *st = &view;
+  tcc_coll_t staged;
+  void *snapshot;
+  if (!tcc_coll_snapshot_inputs(c, comm->size, comm->rank, &staged, &snapshot))
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory",
+                       tcc_coll_name(c->kind), comm->name, comm->rank);
+  tcc_result_t r;
+  switch (c->kind) {
+    case TCC_COLL_ALLREDUCE:
+    case TCC_COLL_REDUCE:
+    case TCC_COLL_REDUCE_SCATTER:
+      r = run_reduction(comm, st, &staged, seq, deadline_ns, err);
+      break;
+    default:
+      r = run_movement(comm, st, &staged, seq, deadline_ns, err);
+      break;
+  }
+  free(snapshot);
+  return r;
+}

@@ -1,0 +1,289 @@
+/*
+ * stream_xfer.c - moves the byte streams of one collective phase.
+ *
+ * All peers progress at once from a single poll loop over the transport's
+ * non-blocking streams: a rank never blocks writing to one peer while that
+ * peer blocks writing to it, so no pair can deadlock on full buffers. Each
+ * stream is a plain byte sequence whose layout (stream_link_t) both ends
+ * derive from the same, already agreed, collective descriptor.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/stream_xfer.h"
+
+#define WAIT_SLICE_MS 100 /* how often a waiting rank looks at `aborted` */
+#define SLOT_BUDGET (16u << 20) /* all slots of one reduction together */
+#define SEG_MIN (32u << 10)
+#define SEG_MAX (1u << 20)
+
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+void stream_xfer_prefix(const stream_xfer_t *x, char *buf, size_t len) {
+  snprintf(buf, len, "%s %s #%llu on communicator '%s' rank %d", x->comm->ops->name, x->what,
+           (unsigned long long)x->seq, x->comm->name, x->comm->rank);
+}
+
+/* ---- the reducer ------------------------------------------------------ */
+
+tcc_result_t stream_reducer_alloc(stream_xfer_t *x, size_t chunk, bool need_staging,
+                               tcc_err_t *err) {
+  stream_reducer_t *r = &x->red;
+  int n = x->comm->size;
+  size_t seg = SLOT_BUDGET / (2 * (size_t)n);
+  if (seg < SEG_MIN) seg = SEG_MIN;
+  if (seg > SEG_MAX) seg = SEG_MAX;
+  seg -= seg % r->esize;
+  /* small messages need no more than their own size */
+  if (chunk < seg) seg = chunk;
+  r->chunk = chunk;
+  r->seg = seg;
+  r->nseg = seg ? (chunk + seg - 1) / seg : 0;
+  r->done_seg = 0;
+  r->slots = NULL;
+  r->staging = NULL;
+  r->srcs = calloc((size_t)n, sizeof(*r->srcs));
+  if (chunk && n > 1) r->slots = malloc((size_t)n * 2 * seg);
+  if (chunk && need_staging) r->staging = malloc(2 * seg);
+  if (!r->srcs || (chunk && n > 1 && !r->slots) || (chunk && need_staging && !r->staging)) {
+    stream_reducer_free(r);
+    char pre[160];
+    stream_xfer_prefix(x, pre, sizeof(pre));
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: out of memory for reduction buffers",
+                       pre);
+  }
+  return TCC_OK;
+}
+
+void stream_reducer_free(stream_reducer_t *r) {
+  free(r->slots);
+  free(r->staging);
+  free(r->srcs);
+  r->slots = r->staging = NULL;
+  r->srcs = NULL;
+}
+
+static uint8_t *slot_of(const stream_reducer_t *r, int peer, size_t seg_index) {
+  return r->slots + ((size_t)peer * 2 + (seg_index & 1)) * r->seg;
+}
+
+static size_t seg_end(const stream_reducer_t *r, size_t seg_index) {
+  return min_size((seg_index + 1) * r->seg, r->chunk);
+}
+
+/* Segment done_seg can be reduced once every peer's part is in its slot,
+ * and, when it goes to a staging buffer, once that buffer's previous
+ * segment (done_seg - 2) has been fully sent. */
+static bool reducer_ready(const stream_xfer_t *x) {
+  const stream_reducer_t *r = &x->red;
+  if (r->done_seg >= r->nseg) return false;
+  size_t end = seg_end(r, r->done_seg);
+  for (int j = 0; j < x->comm->size; j++) {
+    const stream_link_t *l = &x->links[j];
+    if (j == x->comm->rank) continue;
+    if (l->in_done < end) return false;
+    if (!r->out && l->out_red && r->done_seg >= 2) {
+      size_t freed = (r->done_seg - 1) * r->seg;
+      if (l->out_done < l->out_raw + freed) return false;
+    }
+  }
+  return true;
+}
+
+static void reducer_step(stream_xfer_t *x) {
+  stream_reducer_t *r = &x->red;
+  size_t k = r->done_seg, start = k * r->seg, len = seg_end(r, k) - start;
+  for (int j = 0; j < x->comm->size; j++)
+    r->srcs[j] = j == x->comm->rank ? (const void *)(r->self_src + start)
+                                : (const void *)slot_of(r, j, k);
+  uint8_t *dst = r->out ? r->out + start : r->staging + (k & 1) * r->seg;
+  tcc_reduce_n(dst, r->srcs, x->comm->size, len / r->esize, r->dtype, r->redop, r->premul);
+  r->done_seg++;
+}
+
+/* ---- where the next bytes of a stream live ---------------------------- */
+
+/* Bytes that can be sent to `peer` right now, starting at *p. */
+static size_t out_span(const stream_xfer_t *x, int peer, const uint8_t **p) {
+  const stream_link_t *l = &x->links[peer];
+  const stream_reducer_t *r = &x->red;
+  size_t pos = l->out_done;
+  if (pos < l->out_raw) {
+    *p = l->out_ptr + pos;
+    return l->out_raw - pos;
+  }
+  pos -= l->out_raw;
+  if (pos >= l->out_red) return 0;
+  size_t ready = min_size(r->done_seg * r->seg, r->chunk);
+  if (pos >= ready) return 0;
+  if (r->out) {
+    *p = r->out + pos;
+    return ready - pos;
+  }
+  size_t k = pos / r->seg; /* staging holds one segment per buffer */
+  *p = r->staging + (k & 1) * r->seg + pos % r->seg;
+  return min_size(ready, (k + 1) * r->seg) - pos;
+}
+
+/* Bytes that can be received from `peer` right now, into *p. */
+static size_t in_span(const stream_xfer_t *x, int peer, uint8_t **p) {
+  const stream_link_t *l = &x->links[peer];
+  const stream_reducer_t *r = &x->red;
+  size_t pos = l->in_done;
+  if (pos < l->in_slot) {
+    size_t k = pos / r->seg;
+    if (k >= r->done_seg + 2) return 0; /* both slots still hold unreduced data */
+    *p = slot_of(r, peer, k) + pos % r->seg;
+    return min_size(l->in_slot, (k + 1) * r->seg) - pos;
+  }
+  pos -= l->in_slot;
+  if (pos >= l->in_raw) return 0;
+  *p = l->in_ptr + pos;
+  return l->in_raw - pos;
+}
+
+static bool link_done(const stream_link_t *l) {
+  return l->out_done == l->out_raw + l->out_red && l->in_done == l->in_slot + l->in_raw;
+}
+
+/* ---- stream I/O ------------------------------------------------------- */
+
+static tcc_result_t peer_failed(const stream_xfer_t *x, int peer, const char *how,
+                                int errnum, tcc_err_t *err) {
+  char pre[160];
+  stream_xfer_prefix(x, pre, sizeof(pre));
+  /* A reset or an end of stream is how a peer's death shows over TCP. */
+  if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
+    return tcc_err_set(err, TCC_ERR_REMOTE,
+                       "%s: rank %d is gone: its connection %s during %s (the process exited, "
+                       "or destroyed its communicator)", pre, peer,
+                       errnum ? "was reset" : "closed", x->phase);
+  return tcc_err_set(err, TCC_ERR_REMOTE, "%s: %s rank %d failed during %s: %s", pre,
+                     how, peer, x->phase, strerror(errnum));
+}
+
+/* Moves what the stream to `peer` takes and gives now. */
+static tcc_result_t pump(stream_xfer_t *x, int peer, short revents, bool *moved,
+                         tcc_err_t *err) {
+  const tcc__stream_ops_t *io = x->comm->ops->streams;
+  stream_link_t *l = &x->links[peer];
+  if (revents & (POLLOUT | POLLERR | POLLHUP)) {
+    const uint8_t *p;
+    size_t n;
+    while ((n = out_span(x, peer, &p)) > 0) {
+      ssize_t k = io->send(x->comm, peer, p, n);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (k < 0) return peer_failed(x, peer, "sending to", errno, err);
+      l->out_done += (size_t)k;
+      *moved = true;
+      if ((size_t)k < n) break; /* the stream's buffer is full */
+    }
+  }
+  if (revents & (POLLIN | POLLERR | POLLHUP)) {
+    uint8_t *p;
+    size_t n;
+    while ((n = in_span(x, peer, &p)) > 0) {
+      ssize_t k = io->recv(x->comm, peer, p, n);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (k < 0) return peer_failed(x, peer, "receiving from", errno, err);
+      if (k == 0) return peer_failed(x, peer, NULL, 0, err);
+      l->in_done += (size_t)k;
+      *moved = true;
+      if ((size_t)k < n) break; /* drained */
+    }
+  }
+  return TCC_OK;
+}
+
+/* Lists the peers this rank still waits for (incomplete incoming streams,
+ * else incomplete outgoing ones) into buf. */
+static void pending_peers(const stream_xfer_t *x, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int pass = 0; pass < 2 && used == 0; pass++) {
+    for (int j = 0; j < x->comm->size; j++) {
+      const stream_link_t *l = &x->links[j];
+      bool waiting = pass == 0 ? l->in_done < l->in_slot + l->in_raw
+                               : l->out_done < l->out_raw + l->out_red;
+      if (j == x->comm->rank || !waiting) continue;
+      int k = snprintf(buf + used, len - used, "%s%d", used ? ", " : "", j);
+      if (k < 0 || (size_t)k >= len - used) {
+        snprintf(buf + len - 5, 5, "...");
+        return;
+      }
+      used += (size_t)k;
+    }
+  }
+}
+
+static tcc_result_t fail_timeout(const stream_xfer_t *x, tcc_err_t *err) {
+  char pre[160], peers[200];
+  stream_xfer_prefix(x, pre, sizeof(pre));
+  pending_peers(x, peers, sizeof(peers));
+  return tcc_err_set(err, TCC_ERR_TIMEOUT,
+                     "%s: timed out during %s waiting for rank(s) %s", pre, x->phase,
+                     peers);
+}
+
+static tcc_result_t fail_aborted(const stream_xfer_t *x, tcc_err_t *err) {
+  char pre[160];
+  stream_xfer_prefix(x, pre, sizeof(pre));
+  /* The cause (abort, destroy, a failure elsewhere) is the communicator's. */
+  char cause[TCC_ERRLEN];
+  tcc__comm_failure(x->comm, cause, sizeof cause);
+  return tcc_err_set(err, TCC_ERR_ABORTED, "%s: interrupted during %s: %.300s", pre, x->phase, cause);
+}
+
+tcc_result_t stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err_t *err) {
+  tcc_comm_t *comm = x->comm;
+  tcc__coll_scratch_t *sc = coll_scratch_of(comm);
+  bool moved = true; /* first poll only looks, it does not sleep */
+  for (;;) {
+    while (reducer_ready(x)) {
+      reducer_step(x);
+      moved = true;
+    }
+    int npeers = 0;
+    bool all_done = x->red.done_seg == x->red.nseg;
+    for (int j = 0; j < comm->size; j++) {
+      if (j == comm->rank || link_done(&x->links[j])) continue;
+      all_done = false;
+      const uint8_t *op;
+      uint8_t *ip;
+      short ev = (short)((out_span(x, j, &op) ? POLLOUT : 0) | (in_span(x, j, &ip) ? POLLIN : 0));
+      if (!ev) continue; /* gated on the reducer, which waits on another peer */
+      sc->poll_peers[npeers] = j;
+      sc->poll_events[npeers++] = ev;
+    }
+    if (all_done) return TCC_OK;
+    if (atomic_load(&comm->aborted)) return fail_aborted(x, err);
+    int64_t now = tcc_now_ns();
+    if (now >= deadline_ns) return fail_timeout(x, err);
+    if (npeers == 0) {
+      char pre[160];
+      stream_xfer_prefix(x, pre, sizeof(pre));
+      return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: internal error: %s stalled", pre,
+                         x->phase);
+    }
+    /* Rounded up without adding to deadline_ns, which may be INT64_MAX. */
+    int64_t left_ms = (deadline_ns - now - 1) / 1000000 + 1;
+    int timeout = moved ? 0 : (int)(left_ms < WAIT_SLICE_MS ? left_ms : WAIT_SLICE_MS);
+    int rc = comm->ops->streams->poll(comm, npeers, sc->poll_peers, sc->poll_events, sc->poll_revents, timeout);
+    if (rc < 0 && errno != EINTR)
+      return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: poll failed: %s", comm->ops->name, strerror(errno));
+    moved = false;
+    for (int i = 0; i < npeers && rc > 0; i++) {
+      short rev = sc->poll_revents[i];
+      if (!rev) continue;
+      if (rev & POLLNVAL)
+        return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: the stream to rank %d is closed", comm->ops->name,
+                           sc->poll_peers[i]);
+      tcc_result_t r = pump(x, sc->poll_peers[i], rev, &moved, err);
+      if (r != TCC_OK) return r;
+    }
+  }
+}

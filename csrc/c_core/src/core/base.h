@@ -1,0 +1,76 @@
+/*
+ * base.h - what every file of the C core uses: error records, clocks and
+ * waiting, descriptors across fork, the reduction kernels. Depends on
+ * nothing but the public header.
+ */
+#ifndef TCC_CORE_BASE_H
+#define TCC_CORE_BASE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "tccomm.h"
+
+#define TCC_ERRLEN 512
+#define TCC_CACHELINE 64 /* bytes; what hot shared counters are aligned to */
+#define TCC_MAX_RANKS 1024
+
+/* ---- errors ---------------------------------------------------------- */
+
+typedef struct tcc_err {
+  tcc_result_t code;
+  char msg[TCC_ERRLEN];
+} tcc_err_t;
+
+/* Records code + printf-style message in err (if not NULL and not already
+ * set) and returns code. */
+tcc_result_t tcc_err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- time and waiting ------------------------------------------------ */
+
+int64_t tcc_now_ns(void); /* CLOCK_MONOTONIC */
+/* tcc_now_ns() + timeout_ms, saturated at INT64_MAX: a huge timeout means
+ * "practically never" instead of wrapping into the past. A negative timeout
+ * counts as 0 (the deadline is now). */
+int64_t tcc_deadline_after_ms(int64_t timeout_ms);
+
+/* A condition variable whose timed waits take tcc_now_ns() deadlines. */
+void tcc__cond_init_monotonic(pthread_cond_t *cv);
+
+/* Futex on a 32-bit word that may live in process-shared memory. */
+void tcc_futex_wait(atomic_uint *word, unsigned expected, int64_t max_ns);
+void tcc_futex_wake_all(atomic_uint *word);
+
+static inline void tcc_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* ---- descriptors and fork (forksafe.c) -------------------------------- */
+
+/* Registers fd to be closed in a child made by fork(): its copy would keep
+ * a dead parent's connections and liveness lock alive. */
+void tcc_fd_close_on_fork(int fd);
+/* Closes a registered (or unregistered) fd and forgets it. */
+void tcc_fd_close(int fd);
+
+/* ---- reductions (reduce.c) ------------------------------------------- */
+
+/* dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[nsrc-1][i], applied in
+ * that order (so every rank that runs it gets the same bits).
+ * AVG divides the sum by nsrc; PREMUL_SUM multiplies each source by
+ * premul before summing. float16/bfloat16 accumulate in float32 and round
+ * once. dst may be the very same pointer as one of srcs (never a partial
+ * overlap). The caller has checked tcc_redop_supported(). */
+void tcc_reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count,
+                  tcc_dtype_t dtype, tcc_redop_t op, double premul);
+
+#endif /* TCC_CORE_BASE_H */

@@ -1,0 +1,147 @@
+/*
+ * internal.h - the communicator and the op, as every part of the core
+ * sees them. Nothing here is part of the public API (include/tccomm.h).
+ */
+#ifndef TCC_INTERNAL_H
+#define TCC_INTERNAL_H
+
+#include "coll/coll.h"
+#include "core/base.h"
+
+/* ---- endpoint blob ---------------------------------------------------- */
+
+#define TCC_BLOB_MAGIC 0x74636331u /* "tcc1" */
+#define TCC_TOKEN_BYTES 16
+
+/* Serialized into the TCC_ENDPOINT_BLOB_SIZE bytes of tcc_endpoint_open;
+ * fixed little-endian layout (all peers run the same build). */
+typedef struct tcc_blob {
+  uint32_t magic;
+  uint32_t pid;
+  uint16_t port;     /* TCP listening port, host order */
+  uint16_t reserved;
+  uint32_t ipv4;     /* advertised address, network order */
+  uint8_t token[TCC_TOKEN_BYTES]; /* random; peers must present it to connect */
+  char hostname[64];
+  char boot_id[40];
+  /* The /dev/shm this process sees (device and inode of the directory):
+   * equal on two ranks only when shm_open names mean the same objects to
+   * both. 0 when there is no /dev/shm. */
+  uint64_t shm_dev;
+  uint64_t shm_ino;
+} tcc_blob_t;
+_Static_assert(sizeof(tcc_blob_t) <= TCC_ENDPOINT_BLOB_SIZE, "blob too large");
+
+struct tcc_endpoint {
+  int listen_fd;
+  tcc_blob_t blob;
+};
+
+/* Copies the n endpoint blobs of raw (TCC_ENDPOINT_BLOB_SIZE bytes apart,
+ * as gathered from the store) into blobs, checks each one's magic and
+ * NUL-terminates its strings. TCC_ERR_INVALID names the first bad rank. */
+tcc_result_t tcc_blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc_err_t *err);
+/* The transport for a group of cfg->size ranks with these decoded blobs:
+ * cfg->transport, else TCCOMM_TRANSPORT, else shared memory when every
+ * rank sees the same /dev/shm. TCC_ERR_INVALID when the request cannot be
+ * met. Every rank decides alike from the same blobs. */
+tcc_result_t tcc_comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
+                                       tcc_transport_t *out, tcc_err_t *err);
+
+/* Fills hostname and boot id of this machine. */
+void tcc_host_identity(char hostname[64], char boot_id[40]);
+/* Device and inode of the /dev/shm directory this process sees (0, 0 if none). */
+void tcc_shm_identity(uint64_t *dev, uint64_t *ino);
+/* Fills buf with n cryptographically random bytes (getrandom). */
+tcc_result_t tcc_random_bytes(void *buf, size_t n);
+
+/* ---- ops (core/op.c) -------------------------------------------------- */
+
+typedef enum tcc_op_kind { TCC_OP_COLL = 1, TCC_OP_SEND, TCC_OP_RECV } tcc_op_kind_t;
+
+typedef struct tcc__executor tcc__executor_t; /* core/executor.h */
+
+struct tcc_op {
+  atomic_int refs;
+  tcc_comm_t *comm;
+  const tcc__executor_t *exec; /* what runs it, chosen by its buffers' device */
+  void *exec_state;            /* that executor's per-op state, or NULL */
+  int device;                  /* of its buffers: -1 host memory, else a CUDA device */
+  tcc_op_kind_t kind;
+  tcc_coll_t coll;     /* TCC_OP_COLL; arrays below are owned copies */
+  void *owned_arrays;  /* one allocation backing coll.sends/recvs/counts */
+  /* P2P */
+  int peer;            /* TCC_ANY_SOURCE: a receive from any rank */
+  int source;          /* the rank a receive matched (set before it finishes) */
+  uint64_t tag;
+  void *buf;
+  size_t bytes;
+  size_t done_bytes;   /* p2p progress, header included */
+  int64_t timeout_ms;
+  int64_t deadline_ns; /* set when the op starts */
+  uint64_t seq;        /* collective sequence number */
+  struct tcc_op *next; /* link in one list of its executor */
+  /* completion */
+  atomic_int finished;        /* 0 running, 1 finished */
+  atomic_uint finished_futex; /* waiters sleep here */
+  tcc_result_t result;
+  char error[TCC_ERRLEN];
+  pthread_mutex_t cb_lock;
+  tcc_op_callback_t cb;
+  void *cb_arg;
+};
+
+/* Appends op to a singly linked list (op->next) of ops. */
+static inline void tcc__queue_push(tcc_op_t **head, tcc_op_t **tail, tcc_op_t *op) {
+  op->next = NULL;
+  if (*tail) (*tail)->next = op; else *head = op;
+  *tail = op;
+}
+
+/* ---- communicator ----------------------------------------------------- */
+
+struct tcc_comm {
+  /* One reference for the owner (dropped by tcc_comm_destroy) and one per
+   * op: an op handle may be waited on or tested after destroy, and a
+   * thread may still be inside tcc_op_wait when destroy starts. */
+  atomic_int refs;
+  pid_t owner_pid; /* the process that created it (not a forked child) */
+  int rank;
+  int size;
+  char name[64];
+  atomic_llong timeout_ms;
+  const struct tcc_transport_ops *ops;
+  void *transport_state;
+  struct tcc_engine *engine; /* the host executor's state (host/) */
+  void *device_state;        /* the device executor's state (nccl/) */
+  void *coll_scratch;        /* the collective algorithms' (coll/) */
+  atomic_ullong coll_issued;   /* collectives issued (sequence numbers) */
+  atomic_int aborted;          /* set by abort or a fatal failure */
+  tcc_result_t fail_code;      /* why aborted */
+  pthread_mutex_t fail_lock;
+  char fail_msg[TCC_ERRLEN];
+  char last_error[TCC_ERRLEN]; /* last rejected call, for tcc_comm_last_error */
+  /* spin budget for waits: large when every rank has its own core */
+  int spin_iters;
+  atomic_int group_depth; /* tcc_comm_group_start nesting */
+  pthread_mutex_t group_lock;
+};
+
+/* Marks the communicator failed (first failure wins) so later ops fail
+ * fast with `code` and `msg`; wakes every thread. */
+void tcc_comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg);
+/* Drops a reference; the last one frees the communicator's memory. */
+void tcc_comm_release(tcc_comm_t *comm);
+/* Records a rejected call's message for tcc_comm_last_error; returns code. */
+tcc_result_t tcc__reject(tcc_comm_t *comm, tcc_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The communicator's failure: its code with the message copied into msg,
+ * or TCC_OK (msg empty) while it has not failed. */
+tcc_result_t tcc__comm_failure(tcc_comm_t *comm, char *msg, size_t len);
+
+/* Finishes an op: records result/message, runs the callback, wakes waiters. */
+void tcc_op_finish(tcc_op_t *op, tcc_result_t result, const char *msg);
+/* "allreduce", "send", ... */
+const char *tcc__op_name(const tcc_op_t *op);
+
+#endif /* TCC_INTERNAL_H */

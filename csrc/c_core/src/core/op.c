@@ -1,0 +1,100 @@
+/*
+ * op.c - the op handle: completion, waiting, callbacks, references.
+ *
+ * What an op does is its executor's business (core/executor.h); this file
+ * holds what every op has in common, whichever executor runs it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/executor.h"
+#include "core/idle_wait.h"
+
+const char *tcc__op_name(const tcc_op_t *op) {
+  if (op->kind == TCC_OP_SEND) return "send";
+  if (op->kind == TCC_OP_RECV) return "recv";
+  return tcc_coll_name(op->coll.kind);
+}
+
+void tcc_op_finish(tcc_op_t *op, tcc_result_t result, const char *msg) {
+  op->result = result;
+  if (result != TCC_OK && msg) snprintf(op->error, sizeof op->error, "%s", msg);
+  pthread_mutex_lock(&op->cb_lock);
+  tcc_op_callback_t cb = op->cb;
+  void *arg = op->cb_arg;
+  op->cb = NULL;
+  atomic_store(&op->finished, 1);
+  pthread_mutex_unlock(&op->cb_lock);
+  /* The callback runs before waiters wake, so when wait() returns any
+   * future completed by the callback is already complete. */
+  if (cb) cb(op, arg);
+  atomic_fetch_add(&op->finished_futex, 1);
+  tcc_futex_wake_all(&op->finished_futex);
+}
+
+static bool op_finished(void *op) { return atomic_load(&((tcc_op_t *)op)->finished); }
+
+tcc_result_t tcc__op_await(tcc_op_t *op, int64_t deadline_ns) {
+  const tcc__idle_wait_t w = {.ready = op_finished, .arg = op, .spins = op->comm->spin_iters,
+                              .max_nap_ns = 100 * 1000000LL, .deadline_ns = deadline_ns,
+                              .word = &op->finished_futex};
+  return tcc__idle_wait(&w) == TCC_OK ? op->result : TCC_ERR_INPROGRESS;
+}
+
+int tcc_op_test(tcc_op_t *op) {
+  if (atomic_load(&op->finished)) return 1;
+  return op->exec->test(op);
+}
+
+tcc_result_t tcc_op_result(const tcc_op_t *op) {
+  return atomic_load(&((tcc_op_t *)op)->finished) ? op->result : TCC_ERR_INPROGRESS;
+}
+
+const char *tcc_op_error(const tcc_op_t *op) {
+  return atomic_load(&((tcc_op_t *)op)->finished) ? op->error : "";
+}
+
+tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms) {
+  if (atomic_load(&op->finished)) return op->result;
+  return op->exec->wait(op, timeout_ms);
+}
+
+int tcc_op_peer(const tcc_op_t *op) {
+  if (op->kind == TCC_OP_COLL) return -1;
+  if (op->peer != TCC_ANY_SOURCE) return op->peer;
+  /* The executor sets `source` before it finishes the op. */
+  return atomic_load(&((tcc_op_t *)op)->finished) ? op->source : TCC_ANY_SOURCE;
+}
+
+void tcc_op_start(tcc_op_t *op) {
+  if (!atomic_load(&op->finished)) op->exec->start(op);
+}
+
+int tcc_op_is_cuda(const tcc_op_t *op) { return op->device >= 0; }
+
+tcc_result_t tcc_op_stream_wait(tcc_op_t *op, void *stream) { return op->exec->stream_wait(op, stream); }
+
+void tcc_op_on_complete(tcc_op_t *op, tcc_op_callback_t fn, void *arg) {
+  pthread_mutex_lock(&op->cb_lock);
+  if (!atomic_load(&op->finished)) {
+    op->cb = fn;
+    op->cb_arg = arg;
+    pthread_mutex_unlock(&op->cb_lock);
+    return;
+  }
+  pthread_mutex_unlock(&op->cb_lock);
+  fn(op, arg);
+}
+
+void tcc_op_retain(tcc_op_t *op) { atomic_fetch_add(&op->refs, 1); }
+
+void tcc_op_release(tcc_op_t *op) {
+  if (!op) return;
+  if (atomic_fetch_sub(&op->refs, 1) != 1) return;
+  pthread_mutex_destroy(&op->cb_lock);
+  op->exec->op_free(op);
+  free(op->owned_arrays);
+  tcc_comm_t *comm = op->comm;
+  free(op);
+  tcc_comm_release(comm);
+}

@@ -1,0 +1,326 @@
+/*
+ * ops_api.c - the public op entry points.
+ *
+ * Every public op validates its arguments here, before anything is queued,
+ * so a bad call fails at once with TCC_ERR_INVALID / TCC_ERR_UNSUPPORTED
+ * on the calling rank and never reaches the peers.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/executor.h"
+
+/* Checks shared by every op; `what` names the op in messages. */
+static tcc_result_t check_usable(tcc_comm_t *comm, const char *what) {
+  if (!atomic_load(&comm->aborted)) return TCC_OK;
+  char cause[TCC_ERRLEN];
+  tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
+  return tcc__reject(comm, code, "tccomm %s on '%s' (rank %d): communicator is no longer usable: %.400s", what,
+                comm->name, comm->rank, cause);
+}
+
+/* `dev` is the device of the op's first buffer: one op never mixes host
+ * and CUDA memory, nor two CUDA devices. */
+static tcc_result_t check_buf_on(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b, int dev) {
+  if ((unsigned)b.dtype >= TCC_DTYPE_COUNT)
+    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid dtype (%d)", what,
+                  comm->name, role, (int)b.dtype);
+  if (b.device < -1)
+    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid device (%d)", what,
+                  comm->name, role, b.device);
+  if (b.device >= 0 && !tcc_cuda_built())
+    return tcc__reject(comm, TCC_ERR_UNSUPPORTED,
+                  "tccomm %s on '%s': %s buffer is on CUDA device %d, but tccomm was built without CUDA",
+                  what, comm->name, role, b.device);
+  if (b.device != dev) {
+    char a[32], c[32];
+    snprintf(a, sizeof a, dev < 0 ? "host memory" : "CUDA device %d", dev);
+    snprintf(c, sizeof c, b.device < 0 ? "host memory" : "CUDA device %d", b.device);
+    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': the op mixes %s and %s (%s buffer)", what,
+                  comm->name, a, c, role);
+  }
+  if (b.count > 0 && !b.ptr)
+    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer is NULL with %zu elements", what,
+                  comm->name, role, b.count);
+  return TCC_OK;
+}
+
+static tcc_result_t check_buf(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b) {
+  return check_buf_on(comm, what, role, b, b.device);
+}
+
+static tcc_result_t check_same_dtype(tcc_comm_t *comm, const char *what, tcc_buf_t a, tcc_buf_t b) {
+  if (a.dtype == b.dtype) return TCC_OK;
+  return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': dtypes differ (%s vs %s)", what, comm->name,
+                tcc_dtype_name(a.dtype), tcc_dtype_name(b.dtype));
+}
+
+static tcc_result_t check_count(tcc_comm_t *comm, const char *what, const char *role, size_t got,
+                                size_t want) {
+  if (got == want) return TCC_OK;
+  return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s has %zu elements, expected %zu", what,
+                comm->name, role, got, want);
+}
+
+static tcc_result_t check_root(tcc_comm_t *comm, const char *what, int root) {
+  if (root >= 0 && root < comm->size) return TCC_OK;
+  return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': root %d is out of range [0, %d)", what,
+                comm->name, root, comm->size);
+}
+
+static tcc_result_t check_redop(tcc_comm_t *comm, const char *what, tcc_dtype_t dt, tcc_redop_t op) {
+  if ((unsigned)op < TCC_REDOP_COUNT && tcc_redop_supported(dt, op) == TCC_OK) return TCC_OK;
+  return tcc__reject(comm, TCC_ERR_UNSUPPORTED, "tccomm %s on '%s': reduce op %s is not supported for %s", what,
+                comm->name, tcc_redop_name(op), tcc_dtype_name(dt));
+}
+
+static int64_t op_timeout(tcc_comm_t *comm, const tcc_op_opts_t *opts) {
+  return opts && opts->timeout_ms > 0 ? opts->timeout_ms : atomic_load(&comm->timeout_ms);
+}
+
+static tcc_op_t *op_alloc(tcc_comm_t *comm, tcc_op_kind_t kind, const tcc_op_opts_t *opts) {
+  tcc_op_t *op = calloc(1, sizeof *op);
+  if (!op) return NULL;
+  atomic_store(&op->refs, 1);
+  atomic_fetch_add(&comm->refs, 1); /* released with the op */
+  op->comm = comm;
+  op->kind = kind;
+  op->timeout_ms = op_timeout(comm, opts);
+  op->result = TCC_ERR_INPROGRESS;
+  op->device = -1;
+  op->exec = &tcc__host_executor; /* until submit_op picks; releasing an unsubmitted op needs one */
+  pthread_mutex_init(&op->cb_lock, NULL);
+  return op;
+}
+
+/* Copies the per-peer arrays the caller passed so they may be freed as
+ * soon as the call returns. */
+static int own_arrays(tcc_op_t *op, int n, const tcc_buf_t *sends, const tcc_buf_t *recvs) {
+  size_t bytes = 2 * (size_t)n * (sizeof(void *) + sizeof(size_t));
+  char *mem = calloc(1, bytes);
+  if (!mem) return -1;
+  op->owned_arrays = mem;
+  op->coll.sends = (void **)mem;
+  op->coll.recvs = (void **)(mem + (size_t)n * sizeof(void *));
+  op->coll.send_counts = (size_t *)(mem + 2 * (size_t)n * sizeof(void *));
+  op->coll.recv_counts = op->coll.send_counts + n;
+  for (int j = 0; j < n; j++) {
+    if (sends) {
+      op->coll.sends[j] = sends[j].ptr;
+      op->coll.send_counts[j] = sends[j].count;
+    }
+    if (recvs) {
+      op->coll.recvs[j] = recvs[j].ptr;
+      op->coll.recv_counts[j] = recvs[j].count;
+    }
+  }
+  return 0;
+}
+
+/* Hands a built op to its executor: host memory to the host executor,
+ * device memory to the device executor; `where` (any buffer of the op)
+ * also carries the caller's stream. */
+static tcc_result_t submit_op(tcc_comm_t *comm, tcc_op_t *op, tcc_buf_t where, tcc_op_t **out) {
+  op->device = where.device;
+  op->exec = where.device >= 0 ? &tcc__device_executor : &tcc__host_executor;
+  tcc_err_t err = {TCC_OK, {0}};
+  tcc_result_t r = op->exec->submit(comm, op, where.stream, &err);
+  if (r != TCC_OK) {
+    tcc_op_release(op);
+    return tcc__reject(comm, r, "%s", err.msg);
+  }
+  *out = op;
+  return TCC_OK;
+}
+
+/* `where` is any buffer of the op: its device (and, for CUDA, the
+ * caller's stream) decide whether the engine or NCCL runs it. */
+static tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_op_opts_t *opts,
+                                const tcc_buf_t *sends, const tcc_buf_t *recvs, tcc_buf_t where,
+                                tcc_op_t **out) {
+  tcc_op_t *op = op_alloc(comm, TCC_OP_COLL, opts);
+  if (!op) return tcc__reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  op->coll = *c;
+  op->coll.premul = opts ? opts->premul_factor : 1.0;
+  op->coll.sends = op->coll.recvs = NULL;
+  if ((sends || recvs) && own_arrays(op, comm->size, sends, recvs) != 0) {
+    tcc_op_release(op);
+    return tcc__reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  }
+  if (!sends) op->coll.sends = NULL;
+  if (!recvs) op->coll.recvs = NULL;
+  return submit_op(comm, op, where, out);
+}
+
+#define TRY(expr)                       \
+  do {                                  \
+    tcc_result_t tcc_try_r_ = (expr);   \
+    if (tcc_try_r_ != TCC_OK) return tcc_try_r_; \
+  } while (0)
+
+tcc_result_t tcc_broadcast(tcc_comm_t *comm, tcc_buf_t buf, int root, const tcc_op_opts_t *opts,
+                           tcc_op_t **op) {
+  const char *w = tcc_coll_name(TCC_COLL_BROADCAST);
+  TRY(check_usable(comm, w));
+  TRY(check_root(comm, w, root));
+  TRY(check_buf(comm, w, "the", buf));
+  tcc_coll_t c = {.kind = TCC_COLL_BROADCAST, .dtype = buf.dtype, .root = root, .count = buf.count,
+                  .send = buf.ptr, .recv = buf.ptr};
+  return submit_coll(comm, &c, opts, NULL, NULL, buf, op);
+}
+
+static tcc_result_t reduction(tcc_comm_t *comm, tcc_coll_kind_t kind, tcc_buf_t send, tcc_buf_t recv,
+                              tcc_redop_t redop, int root, const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = tcc_coll_name(kind);
+  TRY(check_usable(comm, w));
+  if (kind == TCC_COLL_REDUCE) TRY(check_root(comm, w, root));
+  TRY(check_buf(comm, w, "input", send));
+  TRY(check_redop(comm, w, send.dtype, redop));
+  int needs_recv = kind == TCC_COLL_ALLREDUCE || comm->rank == root;
+  if (needs_recv) {
+    TRY(check_buf_on(comm, w, "output", recv, send.device));
+    TRY(check_same_dtype(comm, w, send, recv));
+    TRY(check_count(comm, w, "the output", recv.count, send.count));
+  }
+  tcc_coll_t c = {.kind = kind, .dtype = send.dtype, .redop = redop, .root = root,
+                  .count = send.count, .send = send.ptr, .recv = needs_recv ? recv.ptr : NULL};
+  return submit_coll(comm, &c, opts, NULL, NULL, send, op);
+}
+
+tcc_result_t tcc_allreduce(tcc_comm_t *comm, tcc_buf_t send, tcc_buf_t recv, tcc_redop_t redop,
+                           const tcc_op_opts_t *opts, tcc_op_t **op) {
+  return reduction(comm, TCC_COLL_ALLREDUCE, send, recv, redop, -1, opts, op);
+}
+
+tcc_result_t tcc_reduce(tcc_comm_t *comm, tcc_buf_t send, tcc_buf_t recv, tcc_redop_t redop, int root,
+                        const tcc_op_opts_t *opts, tcc_op_t **op) {
+  return reduction(comm, TCC_COLL_REDUCE, send, recv, redop, root, opts, op);
+}
+
+/* Checks an array of `size` buffers each of `count` elements of `dt`. */
+static tcc_result_t check_uniform(tcc_comm_t *comm, const char *w, const char *role,
+                                  const tcc_buf_t *bufs, tcc_buf_t like) {
+  if (!bufs)
+    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': the %s list is missing", w, comm->name, role);
+  for (int j = 0; j < comm->size; j++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s[%d]", role, j);
+    TRY(check_buf_on(comm, w, name, bufs[j], like.device));
+    TRY(check_same_dtype(comm, w, like, bufs[j]));
+    TRY(check_count(comm, w, name, bufs[j].count, like.count));
+  }
+  return TCC_OK;
+}
+
+tcc_result_t tcc_allgather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs,
+                           const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = tcc_coll_name(TCC_COLL_ALLGATHER);
+  TRY(check_usable(comm, w));
+  TRY(check_buf(comm, w, "input", send));
+  TRY(check_uniform(comm, w, "output", recvs, send));
+  tcc_coll_t c = {.kind = TCC_COLL_ALLGATHER, .dtype = send.dtype, .count = send.count,
+                  .send = send.ptr};
+  return submit_coll(comm, &c, opts, NULL, recvs, send, op);
+}
+
+tcc_result_t tcc_gather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs, int root,
+                        const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = tcc_coll_name(TCC_COLL_GATHER);
+  TRY(check_usable(comm, w));
+  TRY(check_root(comm, w, root));
+  TRY(check_buf(comm, w, "input", send));
+  int is_root = comm->rank == root;
+  if (is_root) TRY(check_uniform(comm, w, "output", recvs, send));
+  tcc_coll_t c = {.kind = TCC_COLL_GATHER, .dtype = send.dtype, .root = root, .count = send.count,
+                  .send = send.ptr};
+  return submit_coll(comm, &c, opts, NULL, is_root ? recvs : NULL, send, op);
+}
+
+tcc_result_t tcc_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t recv, int root,
+                         const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = tcc_coll_name(TCC_COLL_SCATTER);
+  TRY(check_usable(comm, w));
+  TRY(check_root(comm, w, root));
+  TRY(check_buf(comm, w, "output", recv));
+  int is_root = comm->rank == root;
+  if (is_root) TRY(check_uniform(comm, w, "input", sends, recv));
+  tcc_coll_t c = {.kind = TCC_COLL_SCATTER, .dtype = recv.dtype, .root = root, .count = recv.count,
+                  .recv = recv.ptr};
+  return submit_coll(comm, &c, opts, is_root ? sends : NULL, NULL, recv, op);
+}
+
+tcc_result_t tcc_reduce_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t recv,
+                                tcc_redop_t redop, const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = tcc_coll_name(TCC_COLL_REDUCE_SCATTER);
+  TRY(check_usable(comm, w));
+  TRY(check_buf(comm, w, "output", recv));
+  TRY(check_uniform(comm, w, "input", sends, recv));
+  TRY(check_redop(comm, w, recv.dtype, redop));
+  tcc_coll_t c = {.kind = TCC_COLL_REDUCE_SCATTER, .dtype = recv.dtype, .redop = redop,
+                  .count = recv.count, .recv = recv.ptr};
+  return submit_coll(comm, &c, opts, sends, NULL, recv, op);
+}
+
+tcc_result_t tcc_alltoall(tcc_comm_t *comm, const tcc_buf_t *sends, const tcc_buf_t *recvs,
+                          const tcc_op_opts_t *opts, tcc_op_t **op) {
+  const char *w = tcc_coll_name(TCC_COLL_ALLTOALL);
+  TRY(check_usable(comm, w));
+  if (!sends || !recvs)
+    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': the input and output lists are required", w,
+                  comm->name);
+  for (int j = 0; j < comm->size; j++) {
+    TRY(check_buf_on(comm, w, "input", sends[j], sends[0].device));
+    TRY(check_buf_on(comm, w, "output", recvs[j], sends[0].device));
+    TRY(check_same_dtype(comm, w, sends[0], sends[j]));
+    TRY(check_same_dtype(comm, w, sends[0], recvs[j]));
+  }
+  if (sends[comm->rank].count != recvs[comm->rank].count)
+    return tcc__reject(comm, TCC_ERR_INVALID,
+                  "tccomm %s on '%s': rank %d sends %zu elements to itself but expects %zu", w,
+                  comm->name, comm->rank, sends[comm->rank].count, recvs[comm->rank].count);
+  tcc_coll_t c = {.kind = TCC_COLL_ALLTOALL, .dtype = sends[0].dtype};
+  return submit_coll(comm, &c, opts, sends, recvs, sends[0], op);
+}
+
+tcc_result_t tcc_barrier(tcc_comm_t *comm, const tcc_op_opts_t *opts, tcc_op_t **op) {
+  TRY(check_usable(comm, tcc_coll_name(TCC_COLL_BARRIER)));
+  tcc_coll_t c = {.kind = TCC_COLL_BARRIER, .dtype = TCC_UINT8};
+  const tcc_buf_t host = {NULL, 0, TCC_UINT8, -1, NULL};
+  return submit_coll(comm, &c, opts, NULL, NULL, host, op);
+}
+
+static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int peer, uint64_t tag,
+                        const tcc_op_opts_t *opts, tcc_op_t **out) {
+  const char *w = kind == TCC_OP_SEND ? "send" : "recv";
+  TRY(check_usable(comm, w));
+  TRY(check_buf(comm, w, "the", buf));
+  const int any = kind == TCC_OP_RECV && peer == TCC_ANY_SOURCE;
+  if (!any && (peer < 0 || peer >= comm->size || peer == comm->rank))
+    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s' (rank %d): peer rank %d is invalid (%s)", w,
+                  comm->name, comm->rank, peer,
+                  peer == comm->rank ? "it is this rank" : "out of range");
+  if (any && buf.device >= 0)
+    return tcc__reject(comm, TCC_ERR_UNSUPPORTED,
+                  "tccomm recv on '%s' (rank %d): receiving from any source needs host memory", comm->name,
+                  comm->rank);
+  tcc_op_t *op = op_alloc(comm, kind, opts);
+  if (!op) return tcc__reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  op->peer = peer;
+  op->source = peer;
+  op->tag = tag;
+  op->buf = buf.ptr;
+  op->bytes = buf.count * tcc_dtype_size(buf.dtype);
+  return submit_op(comm, op, buf, out);
+}
+
+tcc_result_t tcc_send(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,
+                      const tcc_op_opts_t *opts, tcc_op_t **op) {
+  return p2p(comm, TCC_OP_SEND, buf, peer, tag, opts, op);
+}
+
+tcc_result_t tcc_recv(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,
+                      const tcc_op_opts_t *opts, tcc_op_t **op) {
+  return p2p(comm, TCC_OP_RECV, buf, peer, tag, opts, op);
+}
+

@@ -1,0 +1,178 @@
+/*
+ * executor.c - the host executor's table (core/executor.h): lifecycle of
+ * its threads, submitting and waiting. See host.h for how ops run.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "host/host.h"
+
+static void host_stop(tcc_comm_t *comm);
+static void host_release(tcc_comm_t *comm);
+
+static tcc_result_t host_attach(tcc_comm_t *comm, tcc_err_t *err) {
+  tcc_engine_t *e = calloc(1, sizeof *e);
+  if (!e) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  e->peers = calloc((size_t)comm->size, sizeof *e->peers);
+  if (!e->peers) {
+    free(e);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  }
+  pthread_mutex_init(&e->lock, NULL);
+  tcc__cond_init_monotonic(&e->coll_cv); /* timed waits on the tcc_now_ns clock */
+  pthread_cond_init(&e->p2p_cv, NULL);
+  pthread_cond_init(&e->waiter_cv, NULL);
+  comm->engine = e;
+  int rc = pthread_create(&e->coll_thread, NULL, tcc__host_coll_thread, comm);
+  if (rc == 0) {
+    e->coll_started = 1;
+    rc = pthread_create(&e->p2p_thread, NULL, tcc__host_p2p_thread, comm);
+    if (rc == 0) e->p2p_started = 1;
+  }
+  if (rc != 0) {
+    host_stop(comm);
+    host_release(comm);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s': cannot start engine threads: %s", comm->name,
+                       strerror(rc));
+  }
+  return TCC_OK;
+}
+
+static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tcc_err_t *err) {
+  (void)stream;
+  (void)err;
+  tcc_engine_t *e = comm->engine;
+  tcc_op_retain(op);
+  pthread_mutex_lock(&e->lock);
+  if (e->stopping) { /* destroy has begun: nothing runs any more */
+    pthread_mutex_unlock(&e->lock);
+    char msg[TCC_ERRLEN];
+    snprintf(msg, sizeof msg, "tccomm op on '%s' (rank %d) not run: the communicator is being destroyed",
+             comm->name, comm->rank);
+    tcc_op_finish(op, TCC_ERR_ABORTED, msg);
+    tcc_op_release(op);
+    return TCC_OK;
+  }
+  if (op->kind == TCC_OP_COLL) {
+    /* Numbered under the lock so numbers follow queue order. */
+    op->seq = atomic_fetch_add(&comm->coll_issued, 1) + 1;
+    tcc__queue_push(&e->coll_head, &e->coll_tail, op);
+    e->last_submit_ns = tcc_now_ns();
+    if (e->coll_deep_sleep) pthread_cond_signal(&e->coll_cv); /* see host.h */
+    pthread_mutex_unlock(&e->lock);
+    return TCC_OK;
+  }
+  op->deadline_ns = tcc_deadline_after_ms(op->timeout_ms);
+  tcc__queue_push(&e->p2p_new_head, &e->p2p_new_tail, op);
+  e->p2p_pending++;
+  int idle = e->p2p_idle;
+  if (idle) pthread_cond_signal(&e->p2p_cv);
+  pthread_mutex_unlock(&e->lock);
+  if (!idle) comm->ops->p2p_notify(comm);
+  return TCC_OK;
+}
+
+static void host_wake(tcc_comm_t *comm) {
+  tcc_engine_t *e = comm->engine;
+  if (!e) return;
+  pthread_mutex_lock(&e->lock);
+  pthread_cond_broadcast(&e->coll_cv);
+  pthread_cond_broadcast(&e->p2p_cv);
+  pthread_mutex_unlock(&e->lock);
+  if (comm->ops) comm->ops->p2p_notify(comm);
+}
+
+static void host_stop(tcc_comm_t *comm) {
+  tcc_engine_t *e = comm->engine;
+  if (!e) return;
+  pthread_mutex_lock(&e->lock);
+  e->stopping = 1;
+  pthread_cond_broadcast(&e->coll_cv);
+  pthread_cond_broadcast(&e->p2p_cv);
+  pthread_mutex_unlock(&e->lock);
+  if (comm->ops) comm->ops->p2p_notify(comm);
+  /* A thread running the queue from tcc_op_wait uses the transport: it
+   * must be out before the transport goes (its op fails fast: the
+   * communicator is failed before stop). */
+  pthread_mutex_lock(&e->lock);
+  while (e->waiter_runs) pthread_cond_wait(&e->waiter_cv, &e->lock);
+  pthread_mutex_unlock(&e->lock);
+  if (e->coll_started) pthread_join(e->coll_thread, NULL);
+  if (e->p2p_started) pthread_join(e->p2p_thread, NULL);
+  e->coll_started = e->p2p_started = 0;
+  tcc__host_free_unexpected(e, comm->size);
+}
+
+static void host_release(tcc_comm_t *comm) {
+  tcc_engine_t *e = comm->engine;
+  if (!e) return;
+  pthread_mutex_destroy(&e->lock);
+  pthread_cond_destroy(&e->coll_cv);
+  pthread_cond_destroy(&e->p2p_cv);
+  pthread_cond_destroy(&e->waiter_cv);
+  free(e->peers);
+  free(e);
+  comm->engine = NULL;
+}
+
+static int host_test(tcc_op_t *op) { return atomic_load(&op->finished); }
+
+static tcc_result_t host_wait(tcc_op_t *op, int64_t timeout_ms) {
+  tcc_comm_t *comm = op->comm;
+  /* Run the queue ourselves when nobody else is: see host.h. A bounded
+   * wait must not: a collective, once started, runs until it ends or its
+   * own deadline passes, which may be long after timeout_ms. */
+  tcc_engine_t *e = comm->engine;
+  if (op->kind == TCC_OP_COLL && e) {
+    if (timeout_ms < 0 && tcc__host_claim_runner(e)) {
+      tcc__host_run_queue(comm, op);
+      tcc__host_release_runner(e);
+    } else if (timeout_ms >= 0) {
+      op->exec->start(op);
+    }
+  }
+  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc_deadline_after_ms(timeout_ms));
+}
+
+static void host_start(tcc_op_t *op) {
+  /* (The engine's memory lives as long as any op of it.) */
+  if (op->kind != TCC_OP_COLL) return;
+  tcc_engine_t *e = op->comm->engine;
+  pthread_mutex_lock(&e->lock);
+  if (e->coll_head && !e->runner_busy) pthread_cond_signal(&e->coll_cv);
+  pthread_mutex_unlock(&e->lock);
+}
+
+/* Host memory needs no stream ordering: the op is complete when it finished. */
+static tcc_result_t host_stream_wait(tcc_op_t *op, void *stream) {
+  (void)op;
+  (void)stream;
+  return TCC_OK;
+}
+
+static void host_op_free(tcc_op_t *op) { (void)op; }
+
+/* Host ops run as they are issued; a group changes nothing for them. */
+static tcc_result_t host_group_end(tcc_comm_t *comm, tcc_err_t *err) {
+  (void)comm;
+  (void)err;
+  return TCC_OK;
+}
+
+const tcc__executor_t tcc__host_executor = {
+    .name = "host",
+    .attach = host_attach,
+    .submit = host_submit,
+    .test = host_test,
+    .wait = host_wait,
+    .start = host_start,
+    .stream_wait = host_stream_wait,
+    .op_free = host_op_free,
+    .wake = host_wake,
+    .group_end = host_group_end,
+    .stop = host_stop,
+    .release = host_release,
+};

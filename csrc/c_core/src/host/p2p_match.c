@@ -1,0 +1,409 @@
+/*
+ * p2p.c - the host executor's point-to-point thread (see host.h): frames
+ * messages on the transport's per-peer byte streams, matches arrivals to
+ * posted receives by (peer, tag, order), buffers the unmatched ones and
+ * fails ops whose deadline passed or whose peer's stream broke.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/mutation.h"
+#include "host/host.h"
+
+/* Fails a p2p op with a message naming the op, the group, both ranks and the tag. */
+static void fail_p2p_op(tcc_op_t *op, tcc_result_t code, const char *cause) {
+  char msg[TCC_ERRLEN], peer[32];
+  const int is_send = op->kind == TCC_OP_SEND;
+  if (op->peer == TCC_ANY_SOURCE) snprintf(peer, sizeof peer, "any rank");
+  else snprintf(peer, sizeof peer, "rank %d", op->peer);
+  snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) %s %s, tag %llu: %.360s",
+           is_send ? "send" : "recv", op->comm->name, op->comm->rank, is_send ? "to" : "from", peer,
+           (unsigned long long)op->tag, cause);
+  tcc_op_finish(op, code, msg);
+}
+
+static void finish_p2p(tcc_engine_t *e, tcc_op_t *op, tcc_result_t r, const char *cause) {
+  if (r == TCC_OK) tcc_op_finish(op, TCC_OK, NULL);
+  else fail_p2p_op(op, r, cause);
+  e->p2p_pending--;
+  tcc_op_release(op);
+}
+
+/* Starts filling a posted receive from a message of `bytes` bytes. */
+static void start_payload_into_recv(tcc_engine_t *e, peer_state_t *ps, tcc_op_t *op, size_t bytes) {
+  if (bytes != op->bytes) {
+    char cause[160];
+    snprintf(cause, sizeof cause, "size mismatch: the receive buffer holds %zu bytes, the peer sent %zu",
+             op->bytes, bytes);
+    finish_p2p(e, op, TCC_ERR_MISMATCH, cause);
+    ps->in_op = NULL;
+    ps->in_dst = NULL;
+    ps->in_discard = bytes;
+    ps->in_remaining = 0;
+  } else {
+    ps->in_op = op;
+    ps->in_dst = op->buf;
+    ps->in_remaining = bytes;
+    ps->in_discard = 0;
+  }
+}
+
+/* Matches a posted receive against buffered arrivals. Returns 1 if done. */
+static int match_unexpected(tcc_engine_t *e, peer_state_t *ps, tcc_op_t *op) {
+  if (TCC_MUTANT(P2P_TAG_IGNORED) && ps->unexp_head && ps->unexp_head != ps->in_unexp) op->tag = ps->unexp_head->tag; /* MUTATION SITE */
+  unexpected_msg_t *prev = NULL;
+  for (unexpected_msg_t *m = ps->unexp_head; m; prev = m, m = m->next) {
+    if (m->tag != op->tag || m == ps->in_unexp) continue;
+    if (prev) prev->next = m->next; else ps->unexp_head = m->next;
+    if (ps->unexp_tail == m) ps->unexp_tail = prev;
+    if (m->bytes != op->bytes) {
+      char cause[160];
+      snprintf(cause, sizeof cause, "size mismatch: the receive buffer holds %zu bytes, the peer sent %zu",
+               op->bytes, m->bytes);
+      finish_p2p(e, op, TCC_ERR_MISMATCH, cause);
+    } else {
+      if (m->bytes) memcpy(op->buf, m->data, m->bytes);
+      finish_p2p(e, op, TCC_OK, NULL);
+    }
+    free(m->data);
+    free(m);
+    return 1;
+  }
+  return 0;
+}
+
+static tcc_op_t *take_posted_recv_from(tcc_op_t **head, tcc_op_t **tail, uint64_t tag) {
+  tcc_op_t *prev = NULL;
+  for (tcc_op_t *op = *head; op; prev = op, op = op->next) {
+    if (op->tag != tag) continue;
+    if (prev) prev->next = op->next; else *head = op->next;
+    if (*tail == op) *tail = prev;
+    op->next = NULL;
+    return op;
+  }
+  return NULL;
+}
+
+static tcc_op_t *take_posted_recv(peer_state_t *ps, uint64_t tag) {
+  return take_posted_recv_from(&ps->recv_head, &ps->recv_tail, tag);
+}
+
+/* The earliest-posted any-source receive for `tag`, unlinked; NULL if none. */
+static tcc_op_t *take_any_recv(tcc_engine_t *e, uint64_t tag) {
+  return take_posted_recv_from(&e->any_head, &e->any_tail, tag);
+}
+
+/* The receive a message with `tag` from `peer` goes to: the earlier posted
+ * of that peer's first matching receive and the first matching any-source
+ * one (the other stays posted). Unlinked; NULL if none. */
+static tcc_op_t *take_recv_for(tcc_engine_t *e, peer_state_t *ps, int peer, uint64_t tag) {
+  if (TCC_MUTANT(P2P_TAG_IGNORED) && ps->recv_head) tag = ps->recv_head->tag; /* MUTATION SITE */
+  tcc_op_t *mine = NULL, *any = NULL;
+  for (tcc_op_t *op = ps->recv_head; op && !mine; op = op->next)
+    if (op->tag == tag) mine = op;
+  for (tcc_op_t *op = e->any_head; op && !any; op = op->next)
+    if (op->tag == tag) any = op;
+  if (any && (!mine || any->seq < mine->seq)) {
+    tcc_op_t *op = take_any_recv(e, tag);
+    op->source = peer; /* published by the op's completion */
+    return op;
+  }
+  return mine ? take_posted_recv(ps, tag) : NULL;
+}
+
+/* Matches an any-source receive against the buffered arrivals of every
+ * peer, oldest arrival first. Returns 1 if done. */
+static int match_unexpected_any(tcc_comm_t *comm, tcc_op_t *op) {
+  tcc_engine_t *e = comm->engine;
+  int best = -1;
+  uint64_t best_arrival = UINT64_MAX;
+  for (int p = 0; p < comm->size; p++) {
+    peer_state_t *ps = &e->peers[p];
+    for (unexpected_msg_t *m = ps->unexp_head; m; m = m->next) {
+      if (m->tag != op->tag) continue;
+      /* Only a peer's first message with this tag may match, and not while
+       * it is still arriving. */
+      if (m != ps->in_unexp && m->arrival < best_arrival) best = p, best_arrival = m->arrival;
+      break;
+    }
+  }
+  if (best < 0) return 0;
+  op->source = best;
+  return match_unexpected(e, &e->peers[best], op);
+}
+
+/* Moves bytes of the head send of one peer. Returns bytes moved or -1. */
+static ssize_t progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
+  tcc_engine_t *e = comm->engine;
+  ssize_t moved = 0;
+  while (ps->send_head) {
+    tcc_op_t *op = ps->send_head;
+    size_t total = sizeof(tcc_p2p_frame_t) + op->bytes;
+    while (op->done_bytes < total) {
+      ssize_t n;
+      if (op->done_bytes < sizeof(tcc_p2p_frame_t)) {
+        tcc_p2p_frame_t h;
+        tcc_p2p_frame_make(&h, op->tag, op->bytes);
+        n = comm->ops->p2p_write(comm, peer, (char *)&h + op->done_bytes,
+                                 sizeof h - op->done_bytes, err);
+      } else {
+        size_t off = op->done_bytes - sizeof(tcc_p2p_frame_t);
+        n = comm->ops->p2p_write(comm, peer, (char *)op->buf + off, op->bytes - off, err);
+      }
+      if (n < 0) return -1;
+      if (n == 0) return moved;
+      op->done_bytes += (size_t)n;
+      moved += n;
+    }
+    ps->send_head = op->next;
+    if (!ps->send_head) ps->send_tail = NULL;
+    finish_p2p(e, op, TCC_OK, NULL);
+  }
+  return moved;
+}
+
+/* Reads whatever one peer has sent. Returns bytes moved or -1. */
+static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
+  tcc_engine_t *e = comm->engine;
+  ssize_t moved = 0;
+  for (;;) {
+    if (!ps->in_payload) {
+      ssize_t n = comm->ops->p2p_read(comm, peer, (char *)&ps->in_hdr + ps->in_hdr_got,
+                                      sizeof ps->in_hdr - ps->in_hdr_got, err);
+      if (n < 0) return -1;
+      if (n == 0) return moved;
+      moved += n;
+      ps->in_hdr_got += (size_t)n;
+      if (ps->in_hdr_got < sizeof ps->in_hdr) continue;
+      if (tcc_p2p_frame_check(comm, peer, &ps->in_hdr, err) != TCC_OK) return -1;
+      ps->in_hdr_got = 0;
+      ps->in_payload = 1;
+      size_t bytes = (size_t)ps->in_hdr.bytes;
+      tcc_op_t *op = take_recv_for(e, ps, peer, ps->in_hdr.tag);
+      if (op) {
+        start_payload_into_recv(e, ps, op, bytes);
+      } else {
+        unexpected_msg_t *m = calloc(1, sizeof *m);
+        void *data = bytes ? malloc(bytes) : NULL;
+        if (!m || (bytes && !data)) {
+          free(m);
+          free(data);
+          tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm p2p on '%s' (rank %d): out of memory buffering %zu bytes",
+                      comm->name, comm->rank, bytes);
+          return -1;
+        }
+        m->tag = ps->in_hdr.tag;
+        m->arrival = ++e->arrived;
+        m->bytes = bytes;
+        m->data = data;
+        /* Listed now so later messages with the same tag stay behind it. */
+        if (ps->unexp_tail) ps->unexp_tail->next = m; else ps->unexp_head = m;
+        ps->unexp_tail = m;
+        ps->in_unexp = m;
+        ps->in_op = NULL;
+        ps->in_dst = data;
+        ps->in_remaining = bytes;
+        ps->in_discard = 0;
+      }
+    }
+    /* payload */
+    while (ps->in_remaining > 0 || ps->in_discard > 0) {
+      ssize_t n;
+      if (ps->in_remaining > 0) {
+        n = comm->ops->p2p_read(comm, peer, ps->in_dst, ps->in_remaining, err);
+        if (n > 0) { ps->in_dst += n; ps->in_remaining -= (size_t)n; }
+      } else {
+        char sink[4096];
+        size_t want = ps->in_discard < sizeof sink ? ps->in_discard : sizeof sink;
+        n = comm->ops->p2p_read(comm, peer, sink, want, err);
+        if (n > 0) ps->in_discard -= (size_t)n;
+      }
+      if (n < 0) return -1;
+      if (n == 0) return moved;
+      moved += n;
+    }
+    ps->in_payload = 0;
+    if (ps->in_op) {
+      tcc_op_t *op = ps->in_op;
+      ps->in_op = NULL;
+      finish_p2p(e, op, TCC_OK, NULL);
+    } else if (ps->in_unexp) {
+      unexpected_msg_t *m = ps->in_unexp;
+      ps->in_unexp = NULL;
+      /* A receive may have been posted while the payload streamed in. */
+      tcc_op_t *op = take_recv_for(e, ps, peer, m->tag);
+      if (op) match_unexpected(e, ps, op);
+    }
+  }
+}
+
+/* Hands newly submitted p2p ops to their peers' queues. */
+static void adopt_new_p2p_ops(tcc_comm_t *comm, tcc_op_t *list) {
+  tcc_engine_t *e = comm->engine;
+  while (list) {
+    tcc_op_t *op = list;
+    list = op->next;
+    op->seq = ++e->posted;
+    if (op->peer == TCC_ANY_SOURCE) {
+      if (!match_unexpected_any(comm, op)) tcc__queue_push(&e->any_head, &e->any_tail, op);
+      continue;
+    }
+    peer_state_t *ps = &e->peers[op->peer];
+    /* Messages that arrived before the stream broke still match. */
+    if (op->kind == TCC_OP_RECV && match_unexpected(e, ps, op)) continue;
+    if (ps->broken != TCC_OK) {
+      finish_p2p(e, op, ps->broken, ps->broken_msg);
+      continue;
+    }
+    if (op->kind == TCC_OP_SEND) tcc__queue_push(&ps->send_head, &ps->send_tail, op);
+    else tcc__queue_push(&ps->recv_head, &ps->recv_tail, op);
+  }
+}
+
+/* Fails the ops of one queue whose deadline passed (or all of them if
+ * `all`, with `code` and `cause`). */
+static void expire_queue(tcc_comm_t *comm, tcc_op_t **head, tcc_op_t **tail, int64_t now, int all,
+                         tcc_result_t code, const char *cause) {
+  tcc_op_t **link = head, *prev = NULL;
+  while (*link) {
+    tcc_op_t *op = *link;
+    if (!all && now <= op->deadline_ns) {
+      prev = op;
+      link = &op->next;
+      continue;
+    }
+    /* A send cut part-way leaves the byte stream unusable. */
+    if (!all && op->kind == TCC_OP_SEND && op->done_bytes > 0)
+      tcc_comm_fail(comm, TCC_ERR_TIMEOUT, "a point-to-point send timed out part-way");
+    *link = op->next;
+    if (*tail == op) *tail = prev;
+    char why[TCC_ERRLEN];
+    if (all)
+      snprintf(why, sizeof why, "%.300s", cause);
+    else
+      snprintf(why, sizeof why, "timed out after %lld ms: %s (%.300s)", (long long)op->timeout_ms,
+               op->kind == TCC_OP_SEND ? "the peer did not receive it" : "no matching send arrived",
+               cause);
+    finish_p2p(comm->engine, op, all ? code : TCC_ERR_TIMEOUT, why);
+  }
+}
+
+/* Fails one peer's p2p ops whose deadline passed (or all of them if `all`). */
+static void expire_peer_ops(tcc_comm_t *comm, peer_state_t *ps, int64_t now, int all,
+                            tcc_result_t code, const char *cause) {
+  expire_queue(comm, &ps->send_head, &ps->send_tail, now, all, code, cause);
+  expire_queue(comm, &ps->recv_head, &ps->recv_tail, now, all, code, cause);
+  if (ps->in_op && (all || now > ps->in_op->deadline_ns)) {
+    tcc_op_t *op = ps->in_op;
+    ps->in_op = NULL;
+    ps->in_discard = ps->in_remaining;
+    ps->in_remaining = 0;
+    ps->in_dst = NULL;
+    finish_p2p(comm->engine, op, all ? code : TCC_ERR_TIMEOUT,
+               all ? cause : "timed out while the message was arriving");
+  }
+}
+
+static void expire_p2p_ops(tcc_comm_t *comm, int64_t now, int all, tcc_result_t code,
+                           const char *cause) {
+  for (int p = 0; p < comm->size; p++)
+    expire_peer_ops(comm, &comm->engine->peers[p], now, all, code, cause);
+  expire_queue(comm, &comm->engine->any_head, &comm->engine->any_tail, now, all, code, cause);
+}
+
+/* The stream to one peer failed (typically: it closed its communicator
+ * after its last op). Only ops involving that peer fail; the streams to
+ * the other peers carry on, as they would with separate connections. */
+static void break_peer(tcc_comm_t *comm, peer_state_t *ps, const tcc_err_t *err) {
+  ps->broken = err->code;
+  snprintf(ps->broken_msg, sizeof ps->broken_msg, "%s", err->msg);
+  expire_peer_ops(comm, ps, 0, 1, err->code, err->msg);
+  /* Any-source receives wait while some peer may still send. */
+  tcc_engine_t *e = comm->engine;
+  for (int p = 0; p < comm->size; p++)
+    if (p != comm->rank && e->peers[p].broken == TCC_OK) return;
+  expire_queue(comm, &e->any_head, &e->any_tail, 0, 1, err->code, err->msg);
+}
+
+void tcc__host_free_unexpected(tcc_engine_t *e, int size) {
+  for (int p = 0; p < size; p++) {
+    unexpected_msg_t *m = e->peers[p].unexp_head;
+    while (m) {
+      unexpected_msg_t *next = m->next;
+      free(m->data);
+      free(m);
+      m = next;
+    }
+    e->peers[p].unexp_head = e->peers[p].unexp_tail = NULL;
+  }
+}
+
+void *tcc__host_p2p_thread(void *arg) {
+  tcc_comm_t *comm = arg;
+  tcc_engine_t *e = comm->engine;
+  bool *want_write = calloc((size_t)comm->size, sizeof *want_write);
+  int idle_spins = 0;
+  for (;;) {
+    pthread_mutex_lock(&e->lock);
+    tcc_op_t *fresh = e->p2p_new_head;
+    e->p2p_new_head = e->p2p_new_tail = NULL;
+    if (!fresh && e->p2p_pending == 0) {
+      if (e->stopping) {
+        pthread_mutex_unlock(&e->lock);
+        break;
+      }
+      e->p2p_idle = 1;
+      pthread_cond_wait(&e->p2p_cv, &e->lock);
+      e->p2p_idle = 0;
+      pthread_mutex_unlock(&e->lock);
+      continue;
+    }
+    int stopping = e->stopping;
+    pthread_mutex_unlock(&e->lock);
+    adopt_new_p2p_ops(comm, fresh);
+
+    if (atomic_load(&comm->aborted) || stopping) {
+      char cause[TCC_ERRLEN];
+      tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
+      if (code == TCC_OK) {
+        code = TCC_ERR_ABORTED;
+        snprintf(cause, sizeof cause, "the communicator was destroyed");
+      }
+      expire_p2p_ops(comm, 0, 1, code, cause);
+      continue;
+    }
+
+    ssize_t moved = 0;
+    for (int p = 0; p < comm->size; p++) {
+      peer_state_t *ps = &e->peers[p];
+      want_write[p] = false;
+      /* no self channel (peers are validated); nothing more from a broken one */
+      if (p == comm->rank || ps->broken != TCC_OK) continue;
+      tcc_err_t err = {TCC_OK, {0}};
+      ssize_t n = progress_send(comm, p, ps, &err);
+      if (n > 0) moved += n;
+      if (n >= 0) {
+        n = progress_recv(comm, p, ps, &err);
+        if (n > 0) moved += n;
+      }
+      if (err.code != TCC_OK) break_peer(comm, ps, &err);
+      else want_write[p] = ps->send_head != NULL;
+    }
+    int64_t now = tcc_now_ns();
+    expire_p2p_ops(comm, now, 0, TCC_ERR_TIMEOUT, "check that the peer posts the matching operation");
+    if (moved > 0) {
+      idle_spins = 0;
+      continue;
+    }
+    if (e->p2p_pending == 0) continue;
+    if (idle_spins++ < comm->spin_iters / 16) {
+      tcc_cpu_relax();
+      continue;
+    }
+    idle_spins = 0;
+    comm->ops->p2p_wait(comm, want_write, 50 * 1000000LL);
+  }
+  free(want_write);
+  return NULL;
+}

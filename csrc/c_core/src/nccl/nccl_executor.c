@@ -1,0 +1,263 @@
+/*
+ * executor.c - the device executor (core/executor.h) for CUDA buffers:
+ * ops become NCCL calls on the communicator's stream.
+ *
+ * Issuing (the caller's thread, under the communicator's NCCL lock):
+ * record an event on the caller's stream, make the NCCL stream wait for
+ * it, make the NCCL calls, record the op's completion event on the NCCL
+ * stream. Outside a graph capture the op is then handed to the watchdog
+ * (watch.c); inside one it is complete at once from the host's view: the
+ * graph owns the work, nothing queries its event and no host callback
+ * waits for it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nccl/nccl_state.h"
+
+/* Records the op's completion event and hands it on (see the file comment).
+ * A captured op is finished by the caller once the lock is released: its
+ * completion callback may issue the next op. */
+static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, int captured,
+                                     tcc_err_t *err) {
+  tcc_result_t r = tcc_cuda_post(comm, c, op, err);
+  if (r != TCC_OK) return r;
+  cudaError_t e;
+  cudaEvent_t ev = tcc_cuda_event_get(c->device, &e);
+  if (ev) e = cudaEventRecord(ev, c->stream);
+  if (e != cudaSuccess) {
+    tcc_cuda_event_put(c->device, ev);
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): recording its completion failed: %s",
+                       tcc__op_name(op), comm->name, comm->rank, cudaGetErrorString(e));
+  }
+  op->deadline_ns = tcc_deadline_after_ms(op->timeout_ms);
+  nccl_op_of(op)->captured = captured;
+  atomic_store(&nccl_op_of(op)->event, ev); /* after the fields its readers check */
+  if (!captured) tcc_cuda_watch(c, op);
+  return TCC_OK;
+}
+
+static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tcc_err_t *err) {
+  const char *what = tcc__op_name(op);
+  const int device = op->device;
+  nccl_op_t *st = calloc(1, sizeof *st);
+  if (!st) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory", what, comm->name, comm->rank);
+  op->exec_state = st;
+  pthread_mutex_lock(&nccl_comm_of(comm)->lock);
+  int prev = device;
+  tcc_result_t r = TCC_OK;
+  struct tcc_cuda *c = tcc_cuda_state_for(comm, device, what, err);
+  if (!c) {
+    r = err->code;
+    goto out;
+  }
+  if (atomic_load(&comm->aborted) || c->nccl_aborted) {
+    char cause[TCC_ERRLEN];
+    tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
+    r = tcc_err_set(err, code != TCC_OK ? code : TCC_ERR_ABORTED,
+                    "tccomm %s on '%s' (rank %d): communicator is no longer usable: %.400s", what, comm->name,
+                    comm->rank, cause);
+    goto out;
+  }
+  cudaStream_t s = (cudaStream_t)stream;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaError_t e = tcc_cuda_enter_device(device, &prev);
+  if (e == cudaSuccess) e = cudaStreamIsCapturing(s, &cs);
+  /* The NCCL stream follows the caller's stream (and joins its capture). */
+  if (e == cudaSuccess) e = cudaEventRecord(c->order_event, s);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream, c->order_event, 0);
+  if (e != cudaSuccess) {
+    r = tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ordering after the caller's stream failed: %s",
+                    what, comm->name, comm->rank, cudaGetErrorString(e));
+    goto out;
+  }
+  const int captured = cs == cudaStreamCaptureStatusActive;
+  if (tcc__comm_in_group(comm) && !c->nccl_group_open) {
+    ncclResult_t nr = c->nccl->GroupStart();
+    if (nr != ncclSuccess) {
+      r = tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ncclGroupStart failed: %s", what,
+                      comm->name, comm->rank, c->nccl->GetErrorString(nr));
+      goto out;
+    }
+    c->nccl_group_open = 1;
+  }
+  r = tcc_cuda_issue(comm, c, op, err);
+  if (r != TCC_OK) goto out;
+  if (c->nccl_group_open) {
+    /* Its kernel launches at the group's end: the event is recorded then. */
+    tcc_op_retain(op);
+    tcc__queue_push(&c->group_head, &c->group_tail, op);
+    c->group_captured |= captured;
+  } else {
+    r = complete_enqueue(comm, c, op, captured, err);
+  }
+out:
+  /* On success, staging memory is freed by tcc_cuda_post: already, or at
+   * the group's end (an allgather in a group copies out of it then). */
+  if (r != TCC_OK && st->tmp) {
+    if (c) cudaFreeAsync(st->tmp, c->stream);
+    st->tmp = NULL;
+  }
+  if (c) tcc_cuda_leave_device(device, prev);
+  pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
+  if (r == TCC_OK && st->captured) tcc_cuda_finish(op, TCC_OK, NULL);
+  return r;
+}
+
+/* ---- groups -------------------------------------------------------------- */
+
+/* The outermost group ended: launch the NCCL group and hand its ops on. */
+static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
+  pthread_mutex_lock(&nccl_comm_of(comm)->lock);
+  struct tcc_cuda *c = nccl_state_of(comm);
+  if (!c || !c->nccl_group_open) {
+    pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
+    return TCC_OK;
+  }
+  int prev = c->device;
+  tcc_cuda_enter_device(c->device, &prev);
+  c->nccl_group_open = 0;
+  ncclResult_t nr = c->nccl->GroupEnd();
+  tcc_op_t *list = c->group_head;
+  const int captured = c->group_captured;
+  c->group_head = c->group_tail = NULL;
+  c->group_captured = 0;
+  tcc_result_t first = TCC_OK;
+  tcc_op_t *done = NULL; /* finished once the lock is released (callbacks may issue ops) */
+  while (list) {
+    tcc_op_t *op = list;
+    list = op->next;
+    op->next = NULL;
+    tcc_err_t err = {TCC_OK, {0}};
+    tcc_result_t r;
+    if (nr != ncclSuccess && nr != ncclInProgress)
+      r = tcc_err_set(&err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ncclGroupEnd failed: %s",
+                      tcc__op_name(op), comm->name, comm->rank, c->nccl->GetErrorString(nr));
+    else
+      r = complete_enqueue(comm, c, op, captured, &err);
+    if (r != TCC_OK) {
+      /* Kept for the message: the op is failed below, after the unlock. */
+      op->result = r;
+      snprintf(op->error, sizeof op->error, "%s", err.msg);
+      if (first == TCC_OK) {
+        first = r;
+        tcc_err_set(first_err, r, "%s", err.msg);
+      }
+    }
+    if (r != TCC_OK || nccl_op_of(op)->captured) {
+      op->next = done;
+      done = op; /* keeps the group's reference */
+    } else {
+      tcc_op_release(op); /* the group's reference; the watchdog holds its own */
+    }
+  }
+  tcc_cuda_leave_device(c->device, prev);
+  pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
+  while (done) {
+    tcc_op_t *op = done;
+    done = op->next;
+    op->next = NULL;
+    if (op->result == TCC_ERR_INPROGRESS) tcc_cuda_finish(op, TCC_OK, NULL);
+    else {
+      char msg[TCC_ERRLEN]; /* tcc_op_finish writes op->error */
+      snprintf(msg, sizeof msg, "%s", op->error);
+      tcc_cuda_finish(op, op->result, msg);
+    }
+    tcc_op_release(op);
+  }
+  return first;
+}
+
+static int nccl_test(tcc_op_t *op) {
+  nccl_op_t *st = nccl_op_of(op);
+  cudaEvent_t ev = atomic_load(&st->event);
+  if (!ev || st->captured) return 0;
+  /* Relaxed capture mode: legal even while this thread captures a graph. */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaError_t q = cudaEventQuery(ev);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (q == cudaSuccess) tcc_cuda_finish(op, TCC_OK, NULL); /* the watchdog drops it later */
+  return atomic_load(&op->finished);
+}
+
+/* The watchdog finishes the op (or fails it at its deadline). */
+static tcc_result_t nccl_wait(tcc_op_t *op, int64_t timeout_ms) {
+  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc_deadline_after_ms(timeout_ms));
+}
+
+/* Enqueued ops progress on the device by themselves. */
+static void nccl_start(tcc_op_t *op) { (void)op; }
+
+static tcc_result_t nccl_stream_wait(tcc_op_t *op, void *stream) {
+  cudaEvent_t ev = op->exec_state ? atomic_load(&nccl_op_of(op)->event) : NULL;
+  if (!ev) {
+    /* Still inside an open group, or it failed before being enqueued. */
+    return atomic_load(&op->finished) ? op->result : TCC_ERR_INVALID;
+  }
+  return cudaStreamWaitEvent((cudaStream_t)stream, ev, 0) == cudaSuccess ? TCC_OK : TCC_ERR_SYSTEM;
+}
+
+static void nccl_op_free(tcc_op_t *op) {
+  nccl_op_t *st = nccl_op_of(op);
+  if (!st) return;
+  cudaEvent_t ev = atomic_exchange(&st->event, NULL);
+  if (ev) tcc_cuda_event_put(op->device, ev);
+  free(st);
+  op->exec_state = NULL;
+}
+
+static tcc_result_t nccl_attach(tcc_comm_t *comm, tcc_err_t *err) {
+  nccl_comm_t *nc = calloc(1, sizeof *nc);
+  if (!nc) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  pthread_mutex_init(&nc->lock, NULL);
+  comm->device_state = nc;
+  return TCC_OK;
+}
+
+static void nccl_wake(tcc_comm_t *comm) {
+  struct tcc_cuda *c = comm->device_state ? nccl_state_of(comm) : NULL;
+  if (c) tcc_cuda_watch_wake(c);
+}
+
+/* Ops left in a group nobody ended were never launched; the ops in
+ * flight end or fail by their deadlines; then NCCL goes. */
+static void nccl_stop(tcc_comm_t *comm) {
+  struct tcc_cuda *c = comm->device_state ? nccl_state_of(comm) : NULL;
+  if (!c) return;
+  tcc_op_t *list = c->group_head;
+  c->group_head = c->group_tail = NULL;
+  if (c->nccl_group_open) c->nccl->GroupEnd();
+  while (list) {
+    tcc_op_t *op = list;
+    list = op->next;
+    tcc_cuda_finish(op, TCC_ERR_ABORTED, "tccomm: the communicator was destroyed inside an open group");
+    tcc_op_release(op);
+  }
+  tcc_cuda_watch_stop(c);
+  tcc_cuda_state_free(comm, c);
+}
+
+static void nccl_release(tcc_comm_t *comm) {
+  nccl_comm_t *nc = comm->device_state;
+  if (!nc) return;
+  pthread_mutex_destroy(&nc->lock);
+  free(nc);
+  comm->device_state = NULL;
+}
+
+const tcc__executor_t tcc__device_executor = {
+    .name = "nccl",
+    .attach = nccl_attach,
+    .submit = nccl_submit,
+    .test = nccl_test,
+    .wait = nccl_wait,
+    .start = nccl_start,
+    .stream_wait = nccl_stream_wait,
+    .op_free = nccl_op_free,
+    .wake = nccl_wake,
+    .group_end = nccl_group_end,
+    .stop = nccl_stop,
+    .release = nccl_release,
+};

@@ -1,0 +1,315 @@
+/*
+ * issue.c - one op of the core as NCCL calls on the communicator's stream.
+ *
+ * Native NCCL collectives where they exist (AllReduce, Broadcast, Reduce,
+ * AllGather, ReduceScatter). Gather, scatter and all-to-all(-v) are grouped
+ * Send/Recv on every NCCL: which path a rank takes must not depend on
+ * anything only that rank sees (its buffer layout), or ranks would issue
+ * different NCCL calls and hang; ncclGather/ncclScatter/ncclAlltoAll are
+ * themselves grouped point-to-point and take uniform counts only. For the
+ * same reason, per-peer buffers that are not one consecutive block are
+ * staged through one (AllGather into it, ReduceScatter out of it) rather
+ * than switching to another algorithm.
+ *
+ * Data that is only moved (broadcast, gathers, point-to-point) travels as
+ * bytes, so every dtype works; reductions map the dtype and op to NCCL's
+ * and fail, before anything is enqueued, for what NCCL cannot reduce.
+ */
+#include "nccl/nccl_state.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static tcc_result_t nccl_failed(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op_t *op,
+                                const char *call, ncclResult_t r, tcc_err_t *err) {
+  const char *last = c->nccl->GetLastError ? c->nccl->GetLastError(c->nc) : NULL;
+  tcc_result_t code = r == ncclInvalidArgument || r == ncclInvalidUsage ? TCC_ERR_INVALID : TCC_ERR_SYSTEM;
+  return tcc_err_set(err, code, "tccomm %s on '%s' (rank %d): %s failed: %s%s%.200s", tcc__op_name(op),
+                     comm->name, comm->rank, call, c->nccl->GetErrorString(r),
+                     last && *last ? ": " : "", last ? last : "");
+}
+
+static tcc_result_t cuda_failed(tcc_comm_t *comm, const tcc_op_t *op, const char *call, cudaError_t e,
+                                tcc_err_t *err) {
+  return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): %s failed: %s", tcc__op_name(op),
+                     comm->name, comm->rank, call, cudaGetErrorString(e));
+}
+
+#define NCCL_TRY(call_name, expr)                                      \
+  do {                                                                 \
+    ncclResult_t nccl_r_ = (expr);                                     \
+    if (nccl_r_ != ncclSuccess && nccl_r_ != ncclInProgress)           \
+      return nccl_failed(comm, c, op, call_name, nccl_r_, err);        \
+  } while (0)
+
+#define CUDA_TRY(call_name, expr)                                      \
+  do {                                                                 \
+    cudaError_t cuda_e_ = (expr);                                      \
+    if (cuda_e_ != cudaSuccess) return cuda_failed(comm, op, call_name, cuda_e_, err); \
+  } while (0)
+
+static tcc_result_t unsupported(tcc_comm_t *comm, const tcc_op_t *op, const char *why, tcc_err_t *err) {
+  return tcc_err_set(err, TCC_ERR_UNSUPPORTED, "tccomm %s on '%s' (rank %d): %s", tcc__op_name(op),
+                     comm->name, comm->rank, why);
+}
+
+static void version_str(int v, char *out, size_t len) { tcc_nccl_version_string(v, out, len); }
+
+/* ---- dtype and reduce op -------------------------------------------------- */
+
+static tcc_result_t map_dtype(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op_t *op, tcc_dtype_t dt,
+                              ncclDataType_t *out, tcc_err_t *err) {
+  switch (dt) {
+    case TCC_FLOAT32: *out = ncclFloat32; return TCC_OK;
+    case TCC_FLOAT64: *out = ncclFloat64; return TCC_OK;
+    case TCC_FLOAT16: *out = ncclFloat16; return TCC_OK;
+    case TCC_BFLOAT16: {
+      if (c->nccl->version < TCC_NCCL_BF16_VERSION) {
+        char have[32], msg[160];
+        version_str(c->nccl->version, have, sizeof have);
+        snprintf(msg, sizeof msg, "bfloat16 reductions need NCCL >= 2.10; this process has NCCL %s", have);
+        return unsupported(comm, op, msg, err);
+      }
+      *out = ncclBfloat16;
+      return TCC_OK;
+    }
+    case TCC_INT8: *out = ncclInt8; return TCC_OK;
+    case TCC_INT32: *out = ncclInt32; return TCC_OK;
+    case TCC_INT64: *out = ncclInt64; return TCC_OK;
+    case TCC_UINT8: *out = ncclUint8; return TCC_OK;
+    case TCC_BOOL: *out = ncclUint8; return TCC_OK; /* 0/1 bytes; the ops are mapped below */
+    case TCC_INT16:
+      return unsupported(comm, op, "NCCL cannot reduce int16 tensors (it has no 16-bit integer type); "
+                                   "use int32, or CPU tensors", err);
+    default:
+      return unsupported(comm, op, "unknown dtype", err);
+  }
+}
+
+/* The NCCL op for (dtype, redop). *created is set when the op is a
+ * PreMulSum the caller must destroy after the call. */
+static tcc_result_t map_redop(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op_t *op, ncclDataType_t t,
+                              ncclRedOp_t *out, int *created, tcc_err_t *err) {
+  const tcc_dtype_t dt = op->coll.dtype;
+  const tcc_redop_t r = op->coll.redop;
+  *created = 0;
+  if (dt == TCC_BOOL) {
+    /* On 0/1 bytes: any-true is MAX, all-true is MIN (as torch's NCCL backend does). */
+    switch (r) {
+      case TCC_SUM: case TCC_MAX: case TCC_BOR: *out = ncclMax; return TCC_OK;
+      case TCC_PRODUCT: case TCC_MIN: case TCC_BAND: *out = ncclMin; return TCC_OK;
+      default:
+        return unsupported(comm, op, "NCCL cannot apply this reduce op to bool (supported: SUM, PRODUCT, "
+                                     "MIN, MAX, BAND, BOR)", err);
+    }
+  }
+  char have[32], msg[200];
+  version_str(c->nccl->version, have, sizeof have);
+  switch (r) {
+    case TCC_SUM: *out = ncclSum; return TCC_OK;
+    case TCC_PRODUCT: *out = ncclProd; return TCC_OK;
+    case TCC_MIN: *out = ncclMin; return TCC_OK;
+    case TCC_MAX: *out = ncclMax; return TCC_OK;
+    case TCC_AVG:
+      if (c->nccl->version < TCC_NCCL_AVG_VERSION) {
+        snprintf(msg, sizeof msg, "AVG needs NCCL >= 2.10 (ncclAvg); this process has NCCL %s", have);
+        return unsupported(comm, op, msg, err);
+      }
+      *out = ncclAvg;
+      return TCC_OK;
+    case TCC_BAND: case TCC_BOR: case TCC_BXOR:
+      snprintf(msg, sizeof msg, "NCCL has no bitwise reductions (%s on %s); only bool tensors take BAND/BOR "
+                                "on CUDA", tcc_redop_name(r), tcc_dtype_name(dt));
+      return unsupported(comm, op, msg, err);
+    case TCC_PREMUL_SUM: {
+      if (!c->nccl->RedOpCreatePreMulSum || !c->nccl->RedOpDestroy) {
+        snprintf(msg, sizeof msg, "PREMUL_SUM needs NCCL >= 2.11 (ncclRedOpCreatePreMulSum); this process "
+                                  "has NCCL %s", have);
+        return unsupported(comm, op, msg, err);
+      }
+      /* The scalar has the tensor's type; the host copy is read during the call. */
+      union { float f; double d; uint16_t h; } scalar;
+      if (dt == TCC_FLOAT32) scalar.f = (float)op->coll.premul;
+      else if (dt == TCC_FLOAT64) scalar.d = op->coll.premul;
+      else {
+        /* float16 / bfloat16: 1.0 x factor, rounded the way the host path rounds. */
+        const uint16_t one = dt == TCC_FLOAT16 ? 0x3C00 : 0x3F80;
+        const void *src = &one;
+        tcc_reduce_n(&scalar.h, &src, 1, 1, dt, TCC_PREMUL_SUM, op->coll.premul);
+      }
+      NCCL_TRY("ncclRedOpCreatePreMulSum",
+               c->nccl->RedOpCreatePreMulSum(out, &scalar, t, ncclScalarHostImmediate, c->nc));
+      *created = 1;
+      return TCC_OK;
+    }
+    default:
+      return unsupported(comm, op, "unknown reduce op", err);
+  }
+}
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+/* True when bufs[j] == bufs[0] + j * bytes for every j: one block. */
+static int consecutive(void *const *bufs, int n, size_t bytes) {
+  for (int j = 1; j < n; j++)
+    if ((char *)bufs[j] != (char *)bufs[0] + (size_t)j * bytes) return 0;
+  return 1;
+}
+
+static tcc_result_t copy_async(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op_t *op, void *dst,
+                               const void *src, size_t bytes, tcc_err_t *err) {
+  if (!bytes || dst == src) return TCC_OK;
+  CUDA_TRY("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+  return TCC_OK;
+}
+
+/* Stream-ordered staging memory (legal during graph capture, unlike cudaMalloc). */
+static tcc_result_t stage_alloc(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, size_t bytes,
+                                tcc_err_t *err) {
+  CUDA_TRY("cudaMallocAsync", cudaMallocAsync(&nccl_op_of(op)->tmp, bytes, c->stream));
+  return TCC_OK;
+}
+
+/* ---- collectives ---------------------------------------------------------- */
+
+static tcc_result_t issue_reduction(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, tcc_err_t *err) {
+  const tcc_coll_t *k = &op->coll;
+  const int n = comm->size;
+  const size_t bytes = k->count * tcc_dtype_size(k->dtype);
+  ncclDataType_t t = ncclInt8;
+  ncclRedOp_t rop = ncclSum;
+  int created = 0;
+  tcc_result_t r = map_dtype(comm, c, op, k->dtype, &t, err);
+  if (r == TCC_OK) r = map_redop(comm, c, op, t, &rop, &created, err);
+  if (r != TCC_OK) return r;
+  ncclResult_t nr = ncclSuccess;
+  const char *call = "";
+  if (k->kind == TCC_COLL_ALLREDUCE) {
+    call = "ncclAllReduce";
+    nr = c->nccl->AllReduce(k->send, k->recv, k->count, t, rop, c->nc, c->stream);
+  } else if (k->kind == TCC_COLL_REDUCE) {
+    call = "ncclReduce"; /* recv is only read on the root */
+    nr = c->nccl->Reduce(k->send, k->recv ? k->recv : k->send, k->count, t, rop, k->root, c->nc, c->stream);
+  } else {
+    call = "ncclReduceScatter";
+    const void *src = k->sends[0];
+    if (bytes && !consecutive(k->sends, n, bytes)) {
+      r = stage_alloc(comm, c, op, (size_t)n * bytes, err);
+      for (int j = 0; j < n && r == TCC_OK; j++)
+        r = copy_async(comm, c, op, (char *)nccl_op_of(op)->tmp + (size_t)j * bytes, k->sends[j], bytes, err);
+      src = nccl_op_of(op)->tmp;
+    }
+    if (r == TCC_OK) nr = c->nccl->ReduceScatter(src, k->recv, k->count, t, rop, c->nc, c->stream);
+  }
+  if (created) c->nccl->RedOpDestroy(rop, c->nc); /* legal right after the last call using it */
+  if (r != TCC_OK) return r;
+  NCCL_TRY(call, nr);
+  return TCC_OK;
+}
+
+static tcc_result_t issue_allgather(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, tcc_err_t *err) {
+  const tcc_coll_t *k = &op->coll;
+  const int n = comm->size;
+  const size_t bytes = k->count * tcc_dtype_size(k->dtype);
+  void *dst = k->recvs[0];
+  if (bytes && !consecutive(k->recvs, n, bytes)) {
+    tcc_result_t r = stage_alloc(comm, c, op, (size_t)n * bytes, err);
+    if (r != TCC_OK) return r;
+    dst = nccl_op_of(op)->tmp; /* copied out in tcc_cuda_post */
+  }
+  NCCL_TRY("ncclAllGather", c->nccl->AllGather(k->send, dst, bytes, ncclInt8, c->nc, c->stream));
+  return TCC_OK;
+}
+
+/* Gather, scatter and all-to-all as one group of sends and receives; the
+ * part a rank keeps for itself is a device copy. */
+static tcc_result_t issue_grouped(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, tcc_err_t *err) {
+  const tcc_coll_t *k = &op->coll;
+  const int n = comm->size, me = comm->rank;
+  const size_t es = tcc_dtype_size(k->dtype), bytes = k->count * es;
+  const tcc_nccl_lib_t *L = c->nccl;
+  tcc_result_t r = TCC_OK;
+  ncclResult_t nr = ncclSuccess;
+  const char *call = "";
+  NCCL_TRY("ncclGroupStart", L->GroupStart());
+  if (k->kind == TCC_COLL_GATHER) {
+    if (me != k->root) {
+      call = "ncclSend";
+      nr = L->Send(k->send, bytes, ncclInt8, k->root, c->nc, c->stream);
+    } else {
+      for (int j = 0; j < n && r == TCC_OK && nr == ncclSuccess; j++) {
+        if (j == me) r = copy_async(comm, c, op, k->recvs[j], k->send, bytes, err);
+        else { call = "ncclRecv"; nr = L->Recv(k->recvs[j], bytes, ncclInt8, j, c->nc, c->stream); }
+      }
+    }
+  } else if (k->kind == TCC_COLL_SCATTER) {
+    if (me != k->root) {
+      call = "ncclRecv";
+      nr = L->Recv(k->recv, bytes, ncclInt8, k->root, c->nc, c->stream);
+    } else {
+      for (int j = 0; j < n && r == TCC_OK && nr == ncclSuccess; j++) {
+        if (j == me) r = copy_async(comm, c, op, k->recv, k->sends[j], bytes, err);
+        else { call = "ncclSend"; nr = L->Send(k->sends[j], bytes, ncclInt8, j, c->nc, c->stream); }
+      }
+    }
+  } else { /* ALLTOALL: per-peer counts; a zero count on one side is zero on the other */
+    for (int j = 0; j < n && r == TCC_OK && nr == ncclSuccess; j++) {
+      const size_t sb = k->send_counts[j] * es, rb = k->recv_counts[j] * es;
+      if (j == me) { r = copy_async(comm, c, op, k->recvs[j], k->sends[j], sb, err); continue; }
+      if (sb) { call = "ncclSend"; nr = L->Send(k->sends[j], sb, ncclInt8, j, c->nc, c->stream); }
+      if (rb && nr == ncclSuccess) { call = "ncclRecv"; nr = L->Recv(k->recvs[j], rb, ncclInt8, j, c->nc, c->stream); }
+    }
+  }
+  /* The group is always closed, whatever failed inside it. */
+  ncclResult_t end = L->GroupEnd();
+  if (r != TCC_OK) return r;
+  NCCL_TRY(call, nr);
+  NCCL_TRY("ncclGroupEnd", end);
+  return TCC_OK;
+}
+
+tcc_result_t tcc_cuda_issue(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, tcc_err_t *err) {
+  if (op->kind == TCC_OP_SEND) {
+    NCCL_TRY("ncclSend", c->nccl->Send(op->buf, op->bytes, ncclInt8, op->peer, c->nc, c->stream));
+    return TCC_OK;
+  }
+  if (op->kind == TCC_OP_RECV) {
+    NCCL_TRY("ncclRecv", c->nccl->Recv(op->buf, op->bytes, ncclInt8, op->peer, c->nc, c->stream));
+    return TCC_OK;
+  }
+  const tcc_coll_t *k = &op->coll;
+  switch (k->kind) {
+    case TCC_COLL_BROADCAST:
+      NCCL_TRY("ncclBroadcast", c->nccl->Broadcast(k->send, k->recv, k->count * tcc_dtype_size(k->dtype),
+                                                   ncclInt8, k->root, c->nc, c->stream));
+      return TCC_OK;
+    case TCC_COLL_ALLREDUCE:
+    case TCC_COLL_REDUCE:
+    case TCC_COLL_REDUCE_SCATTER:
+      return issue_reduction(comm, c, op, err);
+    case TCC_COLL_ALLGATHER:
+      return issue_allgather(comm, c, op, err);
+    case TCC_COLL_GATHER:
+    case TCC_COLL_SCATTER:
+    case TCC_COLL_ALLTOALL:
+      return issue_grouped(comm, c, op, err);
+    case TCC_COLL_BARRIER:
+      break;
+  }
+  return unsupported(comm, op, "this collective has no CUDA form", err);
+}
+
+tcc_result_t tcc_cuda_post(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, tcc_err_t *err) {
+  if (!nccl_op_of(op)->tmp) return TCC_OK;
+  tcc_result_t r = TCC_OK;
+  if (op->kind == TCC_OP_COLL && op->coll.kind == TCC_COLL_ALLGATHER) {
+    const size_t bytes = op->coll.count * tcc_dtype_size(op->coll.dtype);
+    for (int j = 0; j < comm->size && r == TCC_OK; j++)
+      r = copy_async(comm, c, op, op->coll.recvs[j], (char *)nccl_op_of(op)->tmp + (size_t)j * bytes, bytes, err);
+  }
+  cudaError_t e = cudaFreeAsync(nccl_op_of(op)->tmp, c->stream);
+  nccl_op_of(op)->tmp = NULL;
+  if (r != TCC_OK) return r;
+  CUDA_TRY("cudaFreeAsync", e);
+  return TCC_OK;
+}

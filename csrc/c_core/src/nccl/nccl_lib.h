@@ -1,0 +1,63 @@
+/*
+ * lib.h - the NCCL library as the core uses it (CUDA builds only).
+ *
+ * NCCL is never linked: the copy torch already loaded is looked up by
+ * soname at run time, so the process holds one NCCL whatever the build
+ * found, and a core built without CUDA needs no NCCL at all. Calls go
+ * through the function table below; entries of features newer than the
+ * NCCL found at run time are NULL and their users fall back or fail with
+ * a message that names the version needed.
+ */
+#ifndef TCC_NCCL_LIB_H
+#define TCC_NCCL_LIB_H
+
+#include <nccl.h>
+
+#include "core/internal.h"
+
+typedef struct tcc_nccl_lib {
+  int version; /* ncclGetVersion, e.g. 23007 for 2.30.7 */
+  const char *(*GetErrorString)(ncclResult_t);
+  const char *(*GetLastError)(ncclComm_t);
+  ncclResult_t (*GetUniqueId)(ncclUniqueId *);
+  ncclResult_t (*CommInitRank)(ncclComm_t *, int, ncclUniqueId, int);
+  ncclResult_t (*CommDestroy)(ncclComm_t);
+  ncclResult_t (*CommAbort)(ncclComm_t);
+  ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
+  ncclResult_t (*GroupStart)(void);
+  ncclResult_t (*GroupEnd)(void);
+  ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                            cudaStream_t);
+  ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
+                            cudaStream_t);
+  ncclResult_t (*Reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
+                         cudaStream_t);
+  ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+  ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                cudaStream_t);
+  ncclResult_t (*Send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*Recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  /* NULL when the NCCL found at run time is older than the feature */
+  ncclResult_t (*RedOpCreatePreMulSum)(ncclRedOp_t *, void *, ncclDataType_t, ncclScalarResidence_t,
+                                       ncclComm_t);                                 /* 2.11 */
+  ncclResult_t (*RedOpDestroy)(ncclRedOp_t, ncclComm_t);                           /* 2.11 */
+  ncclResult_t (*AlltoAll)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+  ncclResult_t (*Gather)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*Scatter)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+} tcc_nccl_lib_t;
+
+/* Versions (NCCL_VERSION_CODE scheme of 2.9+) that gate features. */
+#define TCC_NCCL_V(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+#define TCC_NCCL_MIN_VERSION TCC_NCCL_V(2, 7, 0)  /* send/recv */
+#define TCC_NCCL_BF16_VERSION TCC_NCCL_V(2, 10, 0)
+#define TCC_NCCL_AVG_VERSION TCC_NCCL_V(2, 10, 0)
+#define TCC_NCCL_PREMUL_VERSION TCC_NCCL_V(2, 11, 0)
+
+/* Loads NCCL once per process (the copy already in the process first) and
+ * returns its table, or NULL with err set (the message says what is missing). */
+const tcc_nccl_lib_t *tcc_nccl_lib(tcc_err_t *err);
+
+/* "2.30.7" for 23007. */
+void tcc_nccl_version_string(int version, char *out, size_t len);
+
+#endif /* TCC_NCCL_LIB_H */

@@ -1,0 +1,264 @@
+/*
+ * watch.c - completion and deadlines of CUDA ops.
+ *
+ * NCCL ops never time out by themselves: a peer that never joins leaves
+ * the kernel spinning forever. One watchdog thread per communicator polls
+ * the events of the ops in flight (and ncclCommGetAsyncError); a completed
+ * op is finished (its callback releases the caller's tensors), an op past
+ * its deadline fails with a message naming the op, the group and the rank,
+ * the communicator is marked failed and the NCCL communicator is aborted,
+ * which also ends the spinning kernels. The process is not killed.
+ *
+ * The thread switches itself to the relaxed capture mode, so its event
+ * queries are legal while another thread captures a CUDA graph. Like the
+ * engine's collective thread it polls for a while after the last submit
+ * and then sleeps until a submit wakes it, so issuing an op costs no
+ * thread wake-up in steady state.
+ */
+#include "nccl/nccl_state.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define WATCH_POLL_NS (200 * 1000LL)              /* ops in flight: 0.2 ms */
+#define WATCH_IDLE_POLL_NS (5 * 1000 * 1000LL)    /* nothing in flight: 5 ms */
+#define WATCH_WINDOW_NS (2000 * 1000 * 1000LL)    /* then sleep until woken */
+
+/* ---- event pool -------------------------------------------------------------- */
+
+#define POOL_DEVICES 64
+#define POOL_MAX 1024
+
+static struct event_pool {
+  pthread_mutex_t lock;
+  cudaEvent_t events[POOL_MAX];
+  int n;
+} pools[POOL_DEVICES] = {[0 ... POOL_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, {0}, 0}};
+
+cudaEvent_t tcc_cuda_event_get(int device, cudaError_t *e) {
+  cudaEvent_t ev = NULL;
+  *e = cudaSuccess;
+  if (device >= 0 && device < POOL_DEVICES) {
+    struct event_pool *p = &pools[device];
+    pthread_mutex_lock(&p->lock);
+    if (p->n > 0) ev = p->events[--p->n];
+    pthread_mutex_unlock(&p->lock);
+    if (ev) return ev;
+  }
+  /* No timing: cheaper to record, and all we ask is "done yet?". The
+   * relaxed capture mode keeps the creation legal while this thread
+   * captures a graph in the global mode (an op issued into a capture). */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  *e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return *e == cudaSuccess ? ev : NULL;
+}
+
+void tcc_cuda_event_put(int device, cudaEvent_t ev) {
+  if (!ev) return;
+  if (device >= 0 && device < POOL_DEVICES) {
+    struct event_pool *p = &pools[device];
+    pthread_mutex_lock(&p->lock);
+    int kept = p->n < POOL_MAX;
+    if (kept) p->events[p->n++] = ev;
+    pthread_mutex_unlock(&p->lock);
+    if (kept) return;
+  }
+  cudaEventDestroy(ev);
+}
+
+/* ---- finishing ------------------------------------------------------------------- */
+
+void tcc_cuda_finish(tcc_op_t *op, tcc_result_t r, const char *msg) {
+  if (atomic_exchange(&nccl_op_of(op)->reaped, 1)) return;
+  tcc_op_finish(op, r, msg);
+}
+
+void tcc_cuda_abort_nccl(tcc_comm_t *comm, struct tcc_cuda *c) {
+  /* Under the communicator's lock: no thread is inside an NCCL call on this communicator,
+   * and every later submit sees comm->aborted and stays away from it. */
+  pthread_mutex_lock(&nccl_comm_of(comm)->lock);
+  if (!c->nccl_aborted && c->nc) {
+    c->nccl_aborted = 1;
+    c->nccl->CommAbort(c->nc);
+  }
+  pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
+}
+
+/* The communicator failed: abort NCCL and fail every op in `list`. */
+static void fail_all(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list) {
+  tcc_cuda_abort_nccl(comm, c);
+  char msg[TCC_ERRLEN], cause[TCC_ERRLEN];
+  tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
+  while (list) {
+    tcc_op_t *op = list;
+    list = op->next;
+    op->next = NULL;
+    snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) did not complete: %.400s", tcc__op_name(op),
+             comm->name, comm->rank, cause);
+    tcc_cuda_finish(op, code, msg);
+    tcc_op_release(op);
+  }
+}
+
+/* Checks the ops of `list` once; returns the ones still running, in order.
+ * Sets *failed when the communicator failed while checking. */
+static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list, int *failed) {
+  tcc_op_t *keep = NULL, **tail = &keep;
+  const int64_t now = tcc_now_ns();
+  while (list) {
+    tcc_op_t *op = list;
+    list = op->next;
+    op->next = NULL;
+    cudaError_t q = atomic_load(&nccl_op_of(op)->reaped) ? cudaSuccess : cudaEventQuery(atomic_load(&nccl_op_of(op)->event));
+    if (q == cudaSuccess) {
+      tcc_cuda_finish(op, TCC_OK, NULL);
+      tcc_op_release(op);
+      continue;
+    }
+    char msg[TCC_ERRLEN];
+    if (q != cudaErrorNotReady) {
+      snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) failed on the device: %s", tcc__op_name(op),
+               comm->name, comm->rank, cudaGetErrorString(q));
+    } else if (now > op->deadline_ns) {
+      snprintf(msg, sizeof msg,
+               "tccomm %s on '%s' (rank %d) timed out after %lld ms: the CUDA operation did not complete "
+               "(a peer may not have joined it); the NCCL communicator was aborted",
+               tcc__op_name(op), comm->name, comm->rank, (long long)op->timeout_ms);
+    } else {
+      *tail = op;
+      tail = &op->next;
+      continue;
+    }
+    tcc_comm_fail(comm, q == cudaErrorNotReady ? TCC_ERR_TIMEOUT : TCC_ERR_SYSTEM, msg);
+    tcc_cuda_abort_nccl(comm, c);
+    tcc_cuda_finish(op, q == cudaErrorNotReady ? TCC_ERR_TIMEOUT : TCC_ERR_SYSTEM, msg);
+    tcc_op_release(op);
+    *failed = 1;
+  }
+  *tail = list; /* nothing left here, but keeps the list whole if the loop changes */
+  return keep;
+}
+
+/* Puts `list` (older ops) back in front of whatever was submitted meanwhile. */
+static void requeue(struct tcc_cuda *c, tcc_op_t *list) {
+  if (!list) return;
+  tcc_op_t *last = list;
+  while (last->next) last = last->next;
+  last->next = c->head;
+  if (!c->head) c->tail = last;
+  c->head = list;
+}
+
+static void check_async_error(tcc_comm_t *comm, struct tcc_cuda *c) {
+  if (atomic_load(&comm->aborted) || c->nccl_aborted) return;
+  ncclResult_t ae = ncclSuccess;
+  if (c->nccl->CommGetAsyncError(c->nc, &ae) != ncclSuccess || ae == ncclSuccess || ae == ncclInProgress)
+    return;
+  char msg[TCC_ERRLEN];
+  const char *last = c->nccl->GetLastError ? c->nccl->GetLastError(c->nc) : NULL;
+  snprintf(msg, sizeof msg, "tccomm '%s' (rank %d): NCCL reported an error: %s%s%.200s", comm->name, comm->rank,
+           c->nccl->GetErrorString(ae), last && *last ? ": " : "", last ? last : "");
+  tcc_comm_fail(comm, TCC_ERR_REMOTE, msg);
+}
+
+static void timed_wait(struct tcc_cuda *c, int64_t ns) {
+  int64_t until = tcc_now_ns() + ns;
+  struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
+  pthread_cond_timedwait(&c->cv, &c->lock, &ts);
+}
+
+static void *watch_main(void *arg) {
+  tcc_comm_t *comm = arg;
+  struct tcc_cuda *c = nccl_state_of(comm);
+  cudaSetDevice(c->device);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  pthread_mutex_lock(&c->lock);
+  for (;;) {
+    if (!c->head) {
+      if (c->stopping) break;
+      if (atomic_load(&comm->aborted) && !c->nccl_aborted) {
+        pthread_mutex_unlock(&c->lock);
+        tcc_cuda_abort_nccl(comm, c); /* abort() with nothing in flight */
+        pthread_mutex_lock(&c->lock);
+        continue;
+      }
+      if (tcc_now_ns() - c->last_submit_ns < WATCH_WINDOW_NS) {
+        timed_wait(c, WATCH_IDLE_POLL_NS);
+      } else {
+        c->deep_sleep = 1;
+        pthread_cond_wait(&c->cv, &c->lock);
+        c->deep_sleep = 0;
+      }
+      continue;
+    }
+    tcc_op_t *list = c->head;
+    c->head = c->tail = NULL;
+    pthread_mutex_unlock(&c->lock);
+
+    check_async_error(comm, c);
+    int failed = 0;
+    if (atomic_load(&comm->aborted)) {
+      fail_all(comm, c, list);
+      list = NULL;
+    } else {
+      list = poll_ops(comm, c, list, &failed);
+      if (failed) {
+        fail_all(comm, c, list);
+        list = NULL;
+      }
+    }
+
+    pthread_mutex_lock(&c->lock);
+    requeue(c, list);
+    if (c->head) timed_wait(c, WATCH_POLL_NS);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return NULL;
+}
+
+tcc_result_t tcc_cuda_watch_start(tcc_comm_t *comm, struct tcc_cuda *c, tcc_err_t *err) {
+  pthread_mutex_init(&c->lock, NULL);
+  tcc__cond_init_monotonic(&c->cv); /* timed waits on the tcc_now_ns clock */
+  c->last_submit_ns = tcc_now_ns();
+  int rc = pthread_create(&c->thread, NULL, watch_main, comm);
+  if (rc != 0)
+    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): cannot start the CUDA watchdog: %s",
+                       comm->name, comm->rank, strerror(rc));
+  c->thread_started = 1;
+  return TCC_OK;
+}
+
+void tcc_cuda_watch(struct tcc_cuda *c, tcc_op_t *op) {
+  tcc_op_retain(op);
+  op->next = NULL;
+  pthread_mutex_lock(&c->lock);
+  if (c->tail) c->tail->next = op; else c->head = op;
+  c->tail = op;
+  c->last_submit_ns = tcc_now_ns();
+  if (c->deep_sleep) pthread_cond_signal(&c->cv); /* see the file comment */
+  pthread_mutex_unlock(&c->lock);
+}
+
+void tcc_cuda_watch_wake(struct tcc_cuda *c) {
+  if (!c->thread_started) return;
+  pthread_mutex_lock(&c->lock);
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->lock);
+}
+
+void tcc_cuda_watch_stop(struct tcc_cuda *c) {
+  if (!c->thread_started) return;
+  pthread_mutex_lock(&c->lock);
+  c->stopping = 1;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->lock);
+  pthread_join(c->thread, NULL);
+  c->thread_started = 0;
+  pthread_mutex_destroy(&c->lock);
+  pthread_cond_destroy(&c->cv);
+}

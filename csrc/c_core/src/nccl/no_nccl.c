@@ -1,0 +1,87 @@
+/*
+ * no_nccl.c - the device executor of a build without CUDA: the build
+ * links this file instead of the rest of nccl/. Every CUDA buffer is
+ * rejected with a message saying so, and the public CUDA calls report that
+ * CUDA is missing, so no caller needs an #ifdef.
+ */
+#include <stdio.h>
+
+#include "core/executor.h"
+
+int tcc_cuda_built(void) { return 0; }
+int tcc_nccl_header_version(void) { return 0; }
+
+tcc_result_t tcc_nccl_runtime_version(int *version, char *errbuf, size_t errlen) {
+  *version = 0;
+  if (errbuf && errlen) snprintf(errbuf, errlen, "tccomm was built without CUDA");
+  return TCC_ERR_UNSUPPORTED;
+}
+
+tcc_result_t tcc_comm_cuda_init(tcc_comm_t *comm, int device) {
+  snprintf(comm->last_error, sizeof comm->last_error,
+           "tccomm '%s': cannot use CUDA device %d: tccomm was built without CUDA", comm->name, device);
+  return TCC_ERR_UNSUPPORTED;
+}
+
+int tcc_comm_cuda_device(const tcc_comm_t *comm) {
+  (void)comm;
+  return -1;
+}
+
+void *tcc_comm_cuda_stream(const tcc_comm_t *comm) {
+  (void)comm;
+  return NULL;
+}
+
+/* The core validates buffers first (a CUDA buffer is rejected there in
+ * this build), so nothing reaches these; they fail safely if it does. */
+static tcc_result_t none_attach(tcc_comm_t *comm, tcc_err_t *err) {
+  (void)comm;
+  (void)err;
+  return TCC_OK;
+}
+
+static tcc_result_t none_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tcc_err_t *err) {
+  (void)stream;
+  return tcc_err_set(err, TCC_ERR_UNSUPPORTED,
+                     "tccomm %s on '%s': buffers on CUDA device %d, but tccomm was built without CUDA",
+                     tcc__op_name(op), comm->name, op->device);
+}
+
+static int none_test(tcc_op_t *op) { return atomic_load(&op->finished); }
+
+static tcc_result_t none_wait(tcc_op_t *op, int64_t timeout_ms) {
+  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc_deadline_after_ms(timeout_ms));
+}
+
+static void none_start(tcc_op_t *op) { (void)op; }
+
+static tcc_result_t none_stream_wait(tcc_op_t *op, void *stream) {
+  (void)op;
+  (void)stream;
+  return TCC_OK;
+}
+
+static void none_op_free(tcc_op_t *op) { (void)op; }
+static void none_comm(tcc_comm_t *comm) { (void)comm; }
+
+static tcc_result_t none_group_end(tcc_comm_t *comm, tcc_err_t *err) {
+  (void)comm;
+  (void)err;
+  return TCC_OK;
+}
+
+const tcc__executor_t tcc__device_executor = {
+    .name = "none",
+    .attach = none_attach,
+    .submit = none_submit,
+    .test = none_test,
+    .wait = none_wait,
+    .start = none_start,
+    .stream_wait = none_stream_wait,
+    .op_free = none_op_free,
+    .wake = none_comm,
+    .group_end = none_group_end,
+    .stop = none_comm,
+    .release = none_comm,
+};

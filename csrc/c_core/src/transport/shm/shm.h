@@ -1,0 +1,131 @@
+/*
+ * shm.h - the shared-memory transport's private interface:
+ *
+ * shm_setup.c    the segment: layout, setup, teardown, the transport's table
+ * shm_spans.c    staging windows and the stage barrier, for coll/
+ * shm_p2p.c      the point-to-point rings
+ * shm_liveness.c knowing when a peer is gone
+ * shm_segment.c  creating, verifying and attaching segments (also windows')
+ * shm_reap.c     removing what killed processes left in /dev/shm
+ *
+ * One segment per communicator, created by rank 0 under a name derived
+ * from rank 0's random endpoint token, mode 0600, and unlinked as soon as
+ * every rank has mapped it (shm_segment.h). Rank 0 chooses the tunable
+ * sizes and publishes them in the header; the other ranks use those, never
+ * their own environment, and accept the header only when the layout they
+ * recompute from it and the group size matches it exactly. Layout:
+ *
+ *   header | per-rank control (barrier arrival, p2p doorbell)
+ *          | per-rank descriptors [2 parities]
+ *          | per-rank staging [2 parities] x (input window W, result window W)
+ *          | p2p rings, one per ordered pair of ranks
+ *
+ * The staging areas are the spans of transport.h's stage rule: collective
+ * algorithms (coll/coll_staged.c) advance in stages, one barrier each.
+ */
+#ifndef TCC_SHM_H
+#define TCC_SHM_H
+
+#include "transport/transport.h"
+#include "transport/shm/shm_segment.h"
+
+typedef struct shm_header {
+  tcc_segment_head_t seg; /* readiness, ranks attached, total size, secret */
+  uint32_t size;
+  uint64_t window;      /* W: staging bytes per rank, per parity, per area */
+  uint64_t small_bytes; /* reductions up to this size go one-shot */
+  uint64_t ring_bytes;  /* p2p ring capacity per ordered pair */
+  uint64_t desc_stride;
+  uint64_t ctrl_off, desc_off, data_off, ring_off;
+  _Alignas(TCC_CACHELINE) atomic_uint barrier_futex;
+  atomic_int barrier_sleepers;
+} shm_header_t;
+
+typedef struct shm_rank_ctrl {
+  _Alignas(TCC_CACHELINE) atomic_ullong arrive; /* last barrier stage reached */
+  _Alignas(TCC_CACHELINE) atomic_uint doorbell; /* bumped to wake the p2p thread */
+  atomic_int doorbell_sleeping;
+  atomic_int destroyed; /* set before the rank lets go of its liveness lock */
+} shm_rank_ctrl_t;
+
+typedef struct shm_ring {
+  _Alignas(TCC_CACHELINE) atomic_ullong head; /* bytes ever written (producer) */
+  _Alignas(TCC_CACHELINE) atomic_ullong tail; /* bytes ever read (consumer) */
+  _Alignas(TCC_CACHELINE) char data[];
+} shm_ring_t;
+
+typedef struct shm_state {
+  char *base;
+  size_t bytes;
+  shm_header_t *hdr;
+  uint64_t stage; /* last barrier stage passed; identical on every rank */
+  size_t window;
+  size_t small_bytes; /* reductions up to this size go one-shot */
+  /* Liveness (see shm_liveness.c): this rank holds a lock on byte `rank`
+   * of the segment's file for as long as it lives; the kernel drops it
+   * when the process dies, however it dies. */
+  int lock_fd;
+  atomic_llong *peer_checked_ns; /* [size] last liveness check of each peer */
+} shm_state_t;
+
+/* Bytes between consecutive rings: the ring and its capacity, page aligned. */
+static inline size_t shm_ring_stride(const shm_header_t *h) {
+  return (sizeof(shm_ring_t) + (size_t)h->ring_bytes + 4095) / 4096 * 4096;
+}
+
+/* The ring carrying bytes from rank `from` to rank `to`. */
+static inline shm_ring_t *shm_ring_of(shm_state_t *st, int from, int to) {
+  size_t idx = (size_t)from * st->hdr->size + (size_t)to;
+  return (shm_ring_t *)(st->base + st->hdr->ring_off + idx * shm_ring_stride(st->hdr));
+}
+
+static inline shm_state_t *shm_of(tcc_comm_t *comm) { return (shm_state_t *)comm->transport_state; }
+
+static inline shm_rank_ctrl_t *shm_ctrl(shm_state_t *st, int r) {
+  return (shm_rank_ctrl_t *)(st->base + st->hdr->ctrl_off) + r;
+}
+static inline char *shm_desc(shm_state_t *st, int r, int parity) {
+  return st->base + st->hdr->desc_off + ((size_t)r * 2 + (size_t)parity) * st->hdr->desc_stride;
+}
+/* Input window of rank r for a parity. */
+static inline char *shm_in(shm_state_t *st, int r, int parity) {
+  return st->base + st->hdr->data_off + ((size_t)r * 2 + (size_t)parity) * 2 * st->window;
+}
+/* Result window of rank r for a parity. */
+static inline char *shm_res(shm_state_t *st, int r, int parity) {
+  return shm_in(st, r, parity) + st->window;
+}
+
+/* Ranks other than 0: rank 0's header (the segment's first page) against
+ * the layout recomputed from its published tunables and this group's size
+ * n; `bytes` is the verified size of the mapping. TCC_OK, or
+ * TCC_ERR_INVALID naming the first field that does not match. */
+tcc_result_t tcc_shm_check_header(const shm_header_t *h, int n, size_t bytes, const char *who, tcc_err_t *err);
+
+/* shm_spans.c: the staging windows and the stage barrier, as the
+ * collective algorithms see them (tcc__spans_ops_t). */
+extern const tcc__spans_ops_t tcc__shm_spans;
+
+/* shm_p2p.c: the point-to-point rings. */
+ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err);
+ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
+void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
+void tcc__shm_p2p_notify(tcc_comm_t *comm);
+
+/* shm_liveness.c. Takes this rank's liveness lock on `fd`, the segment's
+ * descriptor from tcc_segment_create (rank 0, which holds it already) or
+ * tcc_segment_open (the others), before the rank counts itself attached,
+ * so every rank's lock is held once attachment completes. Owns `fd` from
+ * then on, also on failure: tcc_shm_liveness_stop closes it. */
+tcc_result_t tcc_shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, int fd, tcc_err_t *err);
+/* Marks this rank as having destroyed its communicator, then lets go of
+ * the lock. */
+void tcc_shm_liveness_stop(tcc_comm_t *comm, shm_state_t *st);
+/* TCC_OK while `peer` lives (checked at most every few hundred ms unless
+ * `now`), else TCC_ERR_REMOTE with a message naming `what` and the peer
+ * and saying whether it exited or destroyed its communicator. */
+tcc_result_t tcc_shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bool now,
+                                const char *what, tcc_err_t *err);
+
+
+#endif /* TCC_SHM_H */

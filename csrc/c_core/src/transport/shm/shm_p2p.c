@@ -1,0 +1,97 @@
+/*
+ * shm_p2p.c - the point-to-point byte streams of the shared-memory
+ * transport: one single-producer single-consumer ring per ordered pair of
+ * ranks, and a doorbell per rank that wakes its sleeping p2p thread.
+ */
+#include <string.h>
+
+#include "transport/shm/shm.h"
+
+static void ring_doorbell(shm_state_t *st, int rank) {
+  shm_rank_ctrl_t *c = shm_ctrl(st, rank);
+  if (atomic_load(&c->doorbell_sleeping)) {
+    atomic_fetch_add(&c->doorbell, 1);
+    tcc_futex_wake_all(&c->doorbell);
+  }
+}
+
+ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err) {
+  shm_state_t *st = shm_of(comm);
+  /* Bytes for a peer that is gone would never be read. */
+  if (tcc_shm_peer_check(comm, st, peer, false, "point-to-point stream", err) != TCC_OK) return -1;
+  shm_ring_t *ring = shm_ring_of(st, comm->rank, peer);
+  const size_t cap = st->hdr->ring_bytes;
+  uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
+  uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_acquire);
+  size_t space = cap - (size_t)(head - tail);
+  size_t n = len < space ? len : space;
+  if (n == 0) return 0;
+  size_t at = (size_t)(head % cap);
+  size_t first = n < cap - at ? n : cap - at;
+  memcpy(ring->data + at, buf, first);
+  memcpy(ring->data, (const char *)buf + first, n - first);
+  atomic_store_explicit(&ring->head, head + n, memory_order_seq_cst);
+  ring_doorbell(st, peer);
+  return (ssize_t)n;
+}
+
+ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err) {
+  shm_state_t *st = shm_of(comm);
+  shm_ring_t *ring = shm_ring_of(st, peer, comm->rank);
+  const size_t cap = st->hdr->ring_bytes;
+  uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_relaxed);
+  uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
+  size_t avail = (size_t)(head - tail);
+  size_t n = len < avail ? len : avail;
+  if (n == 0) {
+    /* What a peer wrote before it went is still read; after that, nothing
+     * more can come. The head is read again after the check: bytes written
+     * just before the peer went must not be lost. */
+    if (tcc_shm_peer_check(comm, st, peer, false, "point-to-point stream", err) == TCC_OK) return 0;
+    if (atomic_load_explicit(&ring->head, memory_order_acquire) != head) {
+      err->code = TCC_OK;
+      err->msg[0] = 0;
+      return 0;
+    }
+    return -1;
+  }
+  size_t at = (size_t)(tail % cap);
+  size_t first = n < cap - at ? n : cap - at;
+  memcpy(buf, ring->data + at, first);
+  memcpy((char *)buf + first, ring->data, n - first);
+  atomic_store_explicit(&ring->tail, tail + n, memory_order_seq_cst);
+  ring_doorbell(st, peer); /* the writer may be waiting for space */
+  return (ssize_t)n;
+}
+
+/* True when some ring can move bytes for us right now. */
+static int p2p_ready(tcc_comm_t *comm, shm_state_t *st, const bool *want_write) {
+  for (int p = 0; p < comm->size; p++) {
+    if (p == comm->rank) continue;
+    shm_ring_t *in = shm_ring_of(st, p, comm->rank);
+    if (atomic_load(&in->head) != atomic_load(&in->tail)) return 1;
+    if (want_write[p]) {
+      shm_ring_t *out = shm_ring_of(st, comm->rank, p);
+      if (atomic_load(&out->head) - atomic_load(&out->tail) < st->hdr->ring_bytes) return 1;
+    }
+  }
+  return 0;
+}
+
+void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns) {
+  shm_state_t *st = shm_of(comm);
+  shm_rank_ctrl_t *me = shm_ctrl(st, comm->rank);
+  atomic_store(&me->doorbell_sleeping, 1);
+  unsigned v = atomic_load(&me->doorbell);
+  if (!p2p_ready(comm, st, want_write) && !atomic_load(&comm->aborted))
+    tcc_futex_wait(&me->doorbell, v, max_ns);
+  atomic_store(&me->doorbell_sleeping, 0);
+}
+
+void tcc__shm_p2p_notify(tcc_comm_t *comm) {
+  shm_state_t *st = shm_of(comm);
+  if (!st) return;
+  shm_rank_ctrl_t *me = shm_ctrl(st, comm->rank);
+  atomic_fetch_add(&me->doorbell, 1);
+  tcc_futex_wake_all(&me->doorbell);
+}

@@ -1,0 +1,231 @@
+/*
+ * shm_setup.c - the shared-memory transport's segment: its layout, setup
+ * and teardown, and the transport's table. The layout is described in
+ * shm.h; the stage barrier is in shm_spans.c, the rings in shm_p2p.c.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/mutation.h"
+#include "transport/shm/shm.h"
+
+#define HEADER_BYTES TCC_SEGMENT_HEAD_BYTES
+#define DEFAULT_WINDOW (512u * 1024u)
+#define MAX_WINDOW (64u << 20)
+#define DEFAULT_SMALL (32u * 1024u)
+
+_Static_assert(sizeof(shm_header_t) <= HEADER_BYTES, "the header must fit the segment's first page");
+
+static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+static size_t env_bytes(const char *name, size_t dflt, size_t lo, size_t hi) {
+  const char *s = getenv(name);
+  if (!s || !*s) return dflt;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (*end != 0 || v < lo || v > hi) return dflt;
+  return (size_t)v;
+}
+
+/* ---- layout ----------------------------------------------------------- */
+
+/* Each stage gives every rank at least a cache line of the window. */
+static size_t min_window(int n) { return align_up((size_t)n * TCC_CACHELINE, 4096); }
+
+/* Rank 0's choice of the tunables: its environment alone decides, and the
+ * header carries the result to every other rank. */
+static void choose_sizes(int n, uint64_t *window, uint64_t *small) {
+  size_t w = align_up(env_bytes("TCCOMM_SHM_WINDOW_BYTES", DEFAULT_WINDOW, 4096, MAX_WINDOW), 4096);
+  if (w < min_window(n)) w = min_window(n);
+  size_t s = env_bytes("TCCOMM_SHM_SMALL_BYTES", DEFAULT_SMALL, 0, w);
+  *window = w;
+  *small = s < w ? s : w;
+}
+
+/* Everything else follows from the group size and the window: rank 0 lays
+ * the segment out with it, the other ranks recompute it to check the
+ * header. With n <= TCC_MAX_RANKS and window <= MAX_WINDOW nothing here
+ * comes near overflow. */
+static void layout(shm_header_t *h, int n, uint64_t window) {
+  h->size = (uint32_t)n;
+  h->window = window;
+  h->ring_bytes = n <= 4 ? (1u << 20) : align_up((4u << 20) / (size_t)n, 4096);
+  if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
+  h->desc_stride = align_up(tcc_coll_desc_bytes(TCC_COLL_ALLTOALL, n), TCC_CACHELINE);
+  h->ctrl_off = HEADER_BYTES;
+  h->desc_off = align_up(h->ctrl_off + (size_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
+  h->data_off = align_up(h->desc_off + (size_t)n * 2 * h->desc_stride, 4096);
+  h->ring_off = h->data_off + (size_t)n * 2 * 2 * h->window;
+  h->seg.total_bytes = h->ring_off + (size_t)n * (size_t)n * shm_ring_stride(h);
+}
+
+/* ---- setup ------------------------------------------------------------ */
+
+/* Rank 0: the segment, laid out for this group, then published. *fd: the
+ * creating descriptor, with rank 0's lock. */
+static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, const char *who, shm_state_t *st,
+                                   int *fd, tcc_err_t *err) {
+  shm_header_t h;
+  memset(&h, 0, sizeof h);
+  uint64_t window, small;
+  choose_sizes(comm->size, &window, &small);
+  layout(&h, comm->size, window);
+  void *base;
+  tcc_result_t r = tcc_segment_create(id, h.seg.total_bytes, comm->size, who, &base, fd, err);
+  if (r != TCC_OK) return r;
+  /* Fresh tmpfs pages are zero: counters, rings and doorbells start at 0. */
+  shm_header_t *hdr = base;
+  hdr->size = h.size;
+  hdr->window = h.window;
+  hdr->small_bytes = small;
+  hdr->ring_bytes = h.ring_bytes;
+  hdr->desc_stride = h.desc_stride;
+  hdr->ctrl_off = h.ctrl_off;
+  hdr->desc_off = h.desc_off;
+  hdr->data_off = h.data_off;
+  hdr->ring_off = h.ring_off;
+  tcc_segment_publish(base);
+  st->base = base;
+  st->bytes = h.seg.total_bytes;
+  st->hdr = hdr;
+  return TCC_OK;
+}
+
+__attribute__((format(printf, 3, 4)))
+static tcc_result_t bad_header(const char *who, tcc_err_t *err, const char *fmt, ...) {
+  char why[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  return tcc_err_set(err, TCC_ERR_INVALID, "%s: the shared-memory segment's header is inconsistent: %s: not trusted",
+                     who, why);
+}
+
+/* The other ranks: rank 0's header against the layout recomputed from its
+ * published tunables and this group's size, field by field. `bytes`: the
+ * verified size of the mapping, of which only the first page is read. */
+tcc_result_t tcc_shm_check_header(const shm_header_t *h, int n, size_t bytes, const char *who, tcc_err_t *err) {
+  if (h->size != (uint32_t)n) return bad_header(who, err, "it is laid out for %u ranks, this group has %d", h->size, n);
+  if (h->window < min_window(n) || h->window > MAX_WINDOW || h->window % 4096 != 0)
+    return bad_header(who, err, "window of %llu bytes is not a multiple of 4096 in [%zu, %u]",
+                      (unsigned long long)h->window, min_window(n), MAX_WINDOW);
+  if (h->small_bytes > h->window)
+    return bad_header(who, err, "small-message threshold of %llu bytes exceeds the %llu-byte window",
+                      (unsigned long long)h->small_bytes, (unsigned long long)h->window);
+  shm_header_t want;
+  memset(&want, 0, sizeof want);
+  layout(&want, n, h->window);
+  const struct {
+    const char *what;
+    uint64_t got, want;
+  } fields[] = {
+      {"ring_bytes", h->ring_bytes, want.ring_bytes}, {"desc_stride", h->desc_stride, want.desc_stride},
+      {"ctrl_off", h->ctrl_off, want.ctrl_off},       {"desc_off", h->desc_off, want.desc_off},
+      {"data_off", h->data_off, want.data_off},       {"ring_off", h->ring_off, want.ring_off},
+      {"total", h->seg.total_bytes, want.seg.total_bytes}, {"segment size", bytes, want.seg.total_bytes},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    if (fields[i].got != fields[i].want)
+      return bad_header(who, err, "%s is %llu, expected %llu for %d ranks and a %llu-byte window", fields[i].what,
+                        (unsigned long long)fields[i].got, (unsigned long long)fields[i].want, n,
+                        (unsigned long long)h->window);
+  }
+  return TCC_OK;
+}
+
+/* The other ranks: rank 0's segment, verified, mapped at st->base. *fd:
+ * the verified descriptor. */
+static tcc_result_t open_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, int64_t deadline, const char *who,
+                                 shm_state_t *st, int *fd, tcc_err_t *err) {
+  void *base = NULL;
+  tcc_result_t r = tcc_segment_open(id, comm->rank, comm->size, deadline, who, &base, &st->bytes, fd, err);
+  if (r != TCC_OK) return r;
+  r = tcc_shm_check_header(base, comm->size, st->bytes, who, err);
+  if (r != TCC_OK) {
+    munmap(base, st->bytes);
+    tcc_fd_close(*fd);
+    return r;
+  }
+  st->base = base;
+  st->hdr = base;
+  return TCC_OK;
+}
+
+static const tcc_transport_ops_t shm_ops;
+static void shm_destroy(tcc_comm_t *comm);
+
+tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err) {
+  /* What killed processes left behind goes first (shm_reap.c). */
+  tcc_shm_reap_once();
+  shm_state_t *st = calloc(1, sizeof *st);
+  if (!st) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  tcc_segment_id_t id;
+  char who[160];
+  tcc_segment_id("", blobs[0].token, &id);
+  snprintf(who, sizeof who, "tccomm '%s' (rank %d)", comm->name, comm->rank);
+  const int64_t deadline = tcc_deadline_after_ms(atomic_load(&comm->timeout_ms));
+  int fd = -1;
+  tcc_result_t r = comm->rank == 0 ? create_segment(comm, &id, who, st, &fd, err)
+                                   : open_segment(comm, &id, deadline, who, st, &fd, err);
+  if (r != TCC_OK) {
+    free(st);
+    return r;
+  }
+  /* The descriptor becomes the liveness lock's; stop closes it, and must
+   * run while the segment is still mapped. Rank 0 removes the name before
+   * its lock goes. */
+  if (tcc_shm_liveness_start(comm, st, fd, err) != TCC_OK) {
+    if (comm->rank == 0) shm_unlink(id.name);
+    tcc_shm_liveness_stop(comm, st);
+    munmap(st->base, st->bytes);
+    free(st);
+    return err->code;
+  }
+  int n = comm->size, got = 0;
+  r = tcc_segment_attach(st->base, st->lock_fd, &id, comm->rank, n, deadline, who, &got, err);
+  if (r != TCC_OK) {
+    tcc_shm_liveness_stop(comm, st);
+    munmap(st->base, st->bytes);
+    free(st);
+    if (r != TCC_ERR_TIMEOUT) return r;
+    return tcc_err_set(err, TCC_ERR_TIMEOUT,
+                       "%s: timed out after %lld ms: only %d of %d ranks attached to the shared-memory segment",
+                       who, (long long)atomic_load(&comm->timeout_ms), got, n);
+  }
+  /* Rank 0's values, checked: never this rank's own environment. */
+  st->window = st->hdr->window;
+  st->small_bytes = st->hdr->small_bytes;
+  comm->transport_state = st;
+  comm->ops = &shm_ops;
+  return TCC_OK;
+}
+
+static void shm_destroy(tcc_comm_t *comm) {
+  shm_state_t *st = shm_of(comm);
+  if (!st) return;
+  tcc_shm_liveness_stop(comm, st);
+  munmap(st->base, st->bytes);
+  free(st);
+  comm->transport_state = NULL;
+}
+
+static const tcc_transport_ops_t shm_ops = {
+    .name = "shm",
+    .caps = TCC__TRANSPORT_SHARES_MEMORY,
+    .spans = &tcc__shm_spans,
+    .p2p_write = tcc__shm_p2p_write,
+    .p2p_read = tcc__shm_p2p_read,
+    .p2p_wait = tcc__shm_p2p_wait,
+    .p2p_notify = tcc__shm_p2p_notify,
+    .destroy = shm_destroy,
+};

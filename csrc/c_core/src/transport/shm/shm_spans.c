@@ -1,0 +1,111 @@
+/*
+ * shm_spans.c - what the shared-memory transport offers the collective
+ * algorithms (tcc__spans_ops_t): every rank's staging windows in the
+ * segment, and the stage barrier that orders writing and reading them
+ * (see shm.h for the layout, transport.h for the stage rule).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/idle_wait.h"
+#include "core/mutation.h"
+#include "transport/shm/shm.h"
+
+static int first_missing(shm_state_t *st, int n, int from, uint64_t stage) {
+  for (int j = from; j < n; j++)
+    if (atomic_load_explicit(&shm_ctrl(st, j)->arrive, memory_order_acquire) < stage) return j;
+  return n;
+}
+
+/* The op's timeout is not known here (it may be a per-op one): the engine
+ * adds it to the message. */
+static tcc_result_t barrier_timeout(tcc_comm_t *comm, shm_state_t *st, const char *what, uint64_t seq,
+                                    uint64_t stage, tcc_err_t *err) {
+  char missing[256] = "";
+  size_t len = 0;
+  for (int j = 0; j < comm->size && len < sizeof missing - 16; j++) {
+    if (atomic_load(&shm_ctrl(st, j)->arrive) < stage)
+      len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", j);
+  }
+  return tcc_err_set(err, TCC_ERR_TIMEOUT,
+                     "tccomm %s #%llu on '%s' (rank %d): timed out waiting for rank(s) %s "
+                     "(they did not call it, or are stuck in an earlier operation)",
+                     what, (unsigned long long)seq, comm->name, comm->rank, missing);
+}
+
+/* One rank's wait at a stage barrier (the idle wait's argument). */
+typedef struct arrival {
+  tcc_comm_t *comm;
+  shm_state_t *st;
+  int n;          /* ranks to wait for */
+  int first;      /* no rank below it is missing */
+  uint64_t stage;
+  const char *what;
+  uint64_t seq;
+  tcc_err_t *err;
+} arrival_t;
+
+static bool all_arrived(void *arg) {
+  arrival_t *a = arg;
+  a->first = first_missing(a->st, a->n, a->first, a->stage);
+  return a->first >= a->n;
+}
+
+/* The communicator failed, or a rank that has not arrived is gone. */
+static tcc_result_t arrival_trouble(void *arg, int64_t now_ns) {
+  (void)now_ns;
+  arrival_t *a = arg;
+  tcc_comm_t *comm = a->comm;
+  if (atomic_load(&comm->aborted)) {
+    char cause[TCC_ERRLEN];
+    tcc__comm_failure(comm, cause, sizeof cause);
+    return tcc_err_set(a->err, TCC_ERR_ABORTED, "tccomm %s #%llu on '%s' (rank %d) interrupted: %s", a->what,
+                       (unsigned long long)a->seq, comm->name, comm->rank, cause);
+  }
+  for (int k = a->first; k < a->n; k++) {
+    if (atomic_load_explicit(&shm_ctrl(a->st, k)->arrive, memory_order_acquire) >= a->stage) continue;
+    tcc_result_t gone = tcc_shm_peer_check(comm, a->st, k, false, a->what, a->err);
+    if (gone != TCC_OK) return gone;
+  }
+  return TCC_OK;
+}
+
+static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const char *what, uint64_t seq,
+                                  tcc_err_t *err) {
+  shm_state_t *st = shm_of(comm);
+  int n = comm->size;
+  if (TCC_MUTANT(BARRIER_SKIP_PEER) && strcmp(what, "barrier") == 0) n--; /* MUTATION SITE */
+  const uint64_t stage = ++st->stage;
+  shm_header_t *h = st->hdr;
+  atomic_store(&shm_ctrl(st, comm->rank)->arrive, stage);
+  if (atomic_load(&h->barrier_sleepers) > 0) {
+    atomic_fetch_add(&h->barrier_futex, 1);
+    tcc_futex_wake_all(&h->barrier_futex);
+  }
+  arrival_t a = {comm, st, n, 0, stage, what, seq, err};
+  const tcc__idle_wait_t w = {.ready = all_arrived, .check = arrival_trouble, .arg = &a,
+                              .spins = comm->spin_iters, .yields = 64, .max_nap_ns = 20 * 1000000LL,
+                              .deadline_ns = deadline_ns, .word = &h->barrier_futex,
+                              .sleepers = &h->barrier_sleepers};
+  tcc_result_t r = tcc__idle_wait(&w);
+  /* On a timeout the stage counter stays as is: the communicator is failed anyway. */
+  if (r == TCC_ERR_TIMEOUT) return barrier_timeout(comm, st, what, seq, stage, err);
+  return r;
+}
+
+static size_t window_bytes(tcc_comm_t *comm) { return shm_of(comm)->window; }
+static size_t one_shot_bytes(tcc_comm_t *comm) { return shm_of(comm)->small_bytes; }
+static char *desc_span(tcc_comm_t *comm, int rank, int parity) { return shm_desc(shm_of(comm), rank, parity); }
+static char *input_span(tcc_comm_t *comm, int rank, int parity) { return shm_in(shm_of(comm), rank, parity); }
+static char *result_span(tcc_comm_t *comm, int rank, int parity) { return shm_res(shm_of(comm), rank, parity); }
+static int next_parity(tcc_comm_t *comm) { return (int)((shm_of(comm)->stage + 1) & 1); }
+
+const tcc__spans_ops_t tcc__shm_spans = {
+    .window_bytes = window_bytes,
+    .one_shot_bytes = one_shot_bytes,
+    .desc = desc_span,
+    .input = input_span,
+    .result = result_span,
+    .next_parity = next_parity,
+    .barrier = stage_barrier,
+};

@@ -1,0 +1,64 @@
+/*
+ * tcp.h - private declarations of the TCP transport.
+ *
+ * tcp_setup.c   endpoint (listening socket + blob) and the full-mesh setup
+ * tcp_p2p.c     point-to-point byte streams, wakeups, teardown, ops table
+ * tcp_streams.c the collective connections as byte streams for coll/
+ *
+ * Every pair of ranks has two connections: one carries only collectives
+ * (used by the engine's collective thread), the other only point-to-point
+ * traffic (the p2p thread), so the two threads never share a socket.
+ */
+#ifndef TCC_TCP_H
+#define TCC_TCP_H
+
+#include <poll.h>
+
+#include "transport/transport.h"
+
+enum { TCP_CHAN_COLL = 0, TCP_CHAN_P2P = 1, TCP_NCHAN = 2 };
+
+#define TCP_HELLO_MAGIC 0x54434348u /* connector -> acceptor */
+#define TCP_ACK_MAGIC 0x5443434bu   /* acceptor -> connector */
+
+/* The handshake, both directions. The connector proves it knows the
+ * acceptor's token (hello); the acceptor proves it knows the connector's
+ * (ack), so neither side talks to a stranger that reused a port. */
+typedef struct tcp_hello {
+  uint32_t magic;
+  uint32_t rank;  /* sender's rank */
+  uint32_t chan;  /* TCP_CHAN_* */
+  uint32_t size;  /* communicator size, a sanity check */
+  uint8_t token[TCC_TOKEN_BYTES]; /* the RECEIVER's token */
+} tcp_hello_t;
+
+/* The acceptor's check of a hello from a connection nobody vouched for:
+ * true (with the sender's *peer and *chan) when it carries this rank's
+ * `token` and the group size n, comes from a rank above `me`, names a
+ * channel, and that (peer, chan) is not yet claimed[2 * peer + chan]. */
+bool tcp_hello_accept(const tcp_hello_t *h, int n, int me, const uint8_t *token, const bool *claimed,
+                      int *peer, int *chan);
+/* The connector's check of the reply: from `peer` on `chan`, carrying this
+ * rank's `token`. */
+bool tcp_ack_valid(const tcp_hello_t *ack, int peer, int chan, const uint8_t *token);
+
+typedef struct tcp_state {
+  int n, me;
+  int *coll_fd;   /* [n]; -1 for this rank */
+  int *p2p_fd;    /* [n]; -1 for this rank */
+  bool *p2p_dead; /* [n]; the stream failed: no longer polled */
+  int wake_fd;    /* eventfd written by p2p_notify */
+  /* poll scratch, one set per thread that polls */
+  struct pollfd *p2p_pfd;
+  struct pollfd *coll_pfd;
+} tcp_state_t;
+
+/* tcp_p2p.c */
+extern const tcc_transport_ops_t tcp_transport_ops;
+tcp_state_t *tcp_state_new(int n, int me, tcc_err_t *err);
+void tcp_state_free(tcp_state_t *st);
+
+/* tcp_streams.c: the collective connections as the algorithms see them. */
+extern const tcc__stream_ops_t tcc__tcp_streams;
+
+#endif /* TCC_TCP_H */

@@ -1,0 +1,154 @@
+/*
+ * tcp_p2p.c - point-to-point byte streams, wakeups, teardown, ops table.
+ *
+ * The engine frames and matches messages; this file only moves bytes on
+ * each peer's p2p socket, without ever blocking, and lets the p2p thread
+ * sleep in one poll over all of them plus an eventfd that p2p_notify
+ * writes, so new local work or an abort wakes it at once.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "transport/tcp/tcp.h"
+
+tcp_state_t *tcp_state_new(int n, int me, tcc_err_t *err) {
+  tcp_state_t *st = calloc(1, sizeof(*st));
+  if (!st) goto nomem;
+  st->n = n;
+  st->me = me;
+  st->wake_fd = -1;
+  st->coll_fd = malloc((size_t)n * sizeof(int));
+  st->p2p_fd = malloc((size_t)n * sizeof(int));
+  st->p2p_dead = calloc((size_t)n, sizeof(bool));
+  st->p2p_pfd = calloc((size_t)n + 1, sizeof(struct pollfd));
+  st->coll_pfd = calloc((size_t)n, sizeof(struct pollfd));
+  if (!st->coll_fd || !st->p2p_fd || !st->p2p_dead || !st->p2p_pfd || !st->coll_pfd) goto nomem;
+  for (int j = 0; j < n; j++) st->coll_fd[j] = st->p2p_fd[j] = -1;
+  st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (st->wake_fd < 0) {
+    tcc_err_set(err, TCC_ERR_SYSTEM, "tcp: eventfd failed: %s", strerror(errno));
+    tcp_state_free(st);
+    return NULL;
+  }
+  tcc_fd_close_on_fork(st->wake_fd);
+  return st;
+nomem:
+  tcc_err_set(err, TCC_ERR_SYSTEM, "tcp: out of memory");
+  tcp_state_free(st);
+  return NULL;
+}
+
+void tcp_state_free(tcp_state_t *st) {
+  if (!st) return;
+  for (int j = 0; j < st->n; j++) {
+    if (st->coll_fd && st->coll_fd[j] >= 0) tcc_fd_close(st->coll_fd[j]);
+    if (st->p2p_fd && st->p2p_fd[j] >= 0) tcc_fd_close(st->p2p_fd[j]);
+  }
+  tcc_fd_close(st->wake_fd);
+  free(st->coll_fd);
+  free(st->p2p_fd);
+  free(st->p2p_dead);
+  free(st->p2p_pfd);
+  free(st->coll_pfd);
+  free(st);
+}
+
+static int p2p_fd_of(tcc_comm_t *comm, int peer, tcc_err_t *err) {
+  tcp_state_t *st = comm->transport_state;
+  if (peer < 0 || peer >= st->n || peer == st->me) {
+    tcc_err_set(err, TCC_ERR_INVALID, "tcp p2p on communicator '%s' rank %d: no channel "
+                "to rank %d", comm->name, comm->rank, peer);
+    return -1;
+  }
+  return st->p2p_fd[peer];
+}
+
+static ssize_t p2p_failed(tcc_comm_t *comm, int peer, const char *how, int errnum,
+                          tcc_err_t *err) {
+  tcp_state_t *st = comm->transport_state;
+  st->p2p_dead[peer] = true; /* stop polling it: it would wake p2p_wait forever */
+  if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
+    tcc_err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: rank %d is gone: its "
+                "connection %s (the process exited, or destroyed its communicator)", comm->name,
+                comm->rank, peer, errnum ? "was reset" : "closed");
+  else
+    tcc_err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: %s rank %d "
+                "failed: %s", comm->name, comm->rank, how, peer, strerror(errnum));
+  return -1;
+}
+
+static ssize_t tcp_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len,
+                             tcc_err_t *err) {
+  int fd = p2p_fd_of(comm, peer, err);
+  if (fd < 0) return -1;
+  if (len == 0) return 0;
+  for (;;) {
+    ssize_t k = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k >= 0) return k;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return p2p_failed(comm, peer, "sending to", errno, err);
+  }
+}
+
+static ssize_t tcp_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len,
+                            tcc_err_t *err) {
+  int fd = p2p_fd_of(comm, peer, err);
+  if (fd < 0) return -1;
+  if (len == 0) return 0;
+  for (;;) {
+    ssize_t k = recv(fd, buf, len, MSG_DONTWAIT);
+    if (k > 0) return k;
+    if (k == 0) return p2p_failed(comm, peer, NULL, 0, err);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return p2p_failed(comm, peer, "receiving from", errno, err);
+  }
+}
+
+static void tcp_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns) {
+  tcp_state_t *st = comm->transport_state;
+  int k = 0;
+  st->p2p_pfd[k++] = (struct pollfd){.fd = st->wake_fd, .events = POLLIN};
+  for (int j = 0; j < st->n; j++) {
+    if (j == st->me || st->p2p_dead[j] || st->p2p_fd[j] < 0) continue;
+    short ev = (short)(POLLIN | (want_write && want_write[j] ? POLLOUT : 0));
+    st->p2p_pfd[k++] = (struct pollfd){.fd = st->p2p_fd[j], .events = ev};
+  }
+  if (max_ns < 0) max_ns = 0;
+  struct timespec ts = {.tv_sec = max_ns / 1000000000, .tv_nsec = max_ns % 1000000000};
+  if (ppoll(st->p2p_pfd, (nfds_t)k, &ts, NULL) > 0 && (st->p2p_pfd[0].revents & POLLIN)) {
+    uint64_t v;
+    /* drain so the next wait sleeps again; notifications are not counted */
+    while (read(st->wake_fd, &v, sizeof(v)) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+static void tcp_p2p_notify(tcc_comm_t *comm) {
+  tcp_state_t *st = comm->transport_state;
+  uint64_t one = 1;
+  /* EAGAIN means the counter is already non-zero: the wakeup is pending */
+  while (write(st->wake_fd, &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
+}
+
+static void tcp_destroy(tcc_comm_t *comm) {
+  tcp_state_free(comm->transport_state);
+  comm->transport_state = NULL;
+}
+
+const tcc_transport_ops_t tcp_transport_ops = {
+    .name = "tcp",
+    .streams = &tcc__tcp_streams,
+    .p2p_write = tcp_p2p_write,
+    .p2p_read = tcp_p2p_read,
+    .p2p_wait = tcp_p2p_wait,
+    .p2p_notify = tcp_p2p_notify,
+    .destroy = tcp_destroy,
+};

@@ -1,0 +1,96 @@
+/*
+ * transport.h - what a transport provides to the rest of the core.
+ */
+#ifndef TCC_TRANSPORT_TRANSPORT_H
+#define TCC_TRANSPORT_TRANSPORT_H
+
+#include "core/internal.h"
+
+/* ---- what a transport offers the collective algorithms (coll/) ------ */
+
+/* Shared staging windows (one host). Every rank owns, per parity (0, 1),
+ * a descriptor slot, an input window and a result window of
+ * window_bytes() each, which every rank can read. Algorithms advance in
+ * stages: stage s writes only parity s&1 of the writer's own windows, then
+ * every rank passes barrier s, then ranks read parity s&1 of any rank.
+ * Passing barrier s proves every rank finished reading stage s-1, so
+ * writing stage s+1 may start right after it: one barrier per stage. */
+typedef struct tcc__spans_ops {
+  size_t (*window_bytes)(tcc_comm_t *comm);
+  /* Reductions up to this size go one-shot (agreed by every rank). */
+  size_t (*one_shot_bytes)(tcc_comm_t *comm);
+  char *(*desc)(tcc_comm_t *comm, int rank, int parity);
+  char *(*input)(tcc_comm_t *comm, int rank, int parity);
+  char *(*result)(tcc_comm_t *comm, int rank, int parity);
+  /* The parity the next stage writes. */
+  int (*next_parity)(tcc_comm_t *comm);
+  /* Arrives at the next stage's barrier and waits for every rank (and
+   * their liveness). On timeout the message names `what`, seq and the
+   * ranks that did not arrive; TCC_ERR_ABORTED soon after the
+   * communicator failed. */
+  tcc_result_t (*barrier)(tcc_comm_t *comm, int64_t deadline_ns, const char *what, uint64_t seq,
+                          tcc_err_t *err);
+} tcc__spans_ops_t;
+
+/* Byte streams between every pair of ranks, reserved for collectives (the
+ * collective runner is their only user). Non-blocking, in the manner of
+ * send(2) and recv(2). */
+typedef struct tcc__stream_ops {
+  /* Bytes moved, or -1 with errno (EAGAIN: nothing can move now). recv
+   * returns 0 when the peer closed its end. */
+  ssize_t (*send)(tcc_comm_t *comm, int peer, const void *buf, size_t len);
+  ssize_t (*recv)(tcc_comm_t *comm, int peer, void *buf, size_t len);
+  /* Waits up to timeout_ms (0: only looks) until one of the n streams to
+   * peers[i] can move in the directions of events[i] (POLLIN, POLLOUT);
+   * revents[i] gets poll(2)'s flags. The number ready, or -1 with errno. */
+  int (*poll)(tcc_comm_t *comm, int n, const int *peers, const short *events, short *revents,
+              int timeout_ms);
+} tcc__stream_ops_t;
+
+/* ---- transports ------------------------------------------------------- */
+
+/* A transport does connection-level work only: setup, teardown, moving
+ * bytes between two ranks, telling when a peer is gone. It offers the
+ * collective algorithms shared spans or streams (or both); the
+ * point-to-point byte streams are progressed by the host executor's p2p
+ * thread. */
+/* Capability flags (tcc_transport_ops.caps). */
+enum {
+  /* Every rank of the group can map memory every other rank shares (one
+   * host, one /dev/shm): windows and single-copy movement need it. */
+  TCC__TRANSPORT_SHARES_MEMORY = 1u << 0,
+};
+
+typedef struct tcc_transport_ops {
+  const char *name;
+  unsigned caps; /* TCC__TRANSPORT_* */
+  const tcc__spans_ops_t *spans;     /* NULL when not offered */
+  const tcc__stream_ops_t *streams;  /* NULL when not offered */
+  /* Non-blocking point-to-point byte stream to / from `peer`. Return
+   * bytes moved (0 when nothing can move now) or -1 with err set when the
+   * channel failed. */
+  ssize_t (*p2p_write)(tcc_comm_t *comm, int peer, const void *buf, size_t len,
+                       tcc_err_t *err);
+  ssize_t (*p2p_read)(tcc_comm_t *comm, int peer, void *buf, size_t len,
+                      tcc_err_t *err);
+  /* Sleeps until some p2p channel may be able to move bytes, or until
+   * p2p_notify is called, or max_ns passes. want_write[peer] is true
+   * for peers with bytes waiting to be written. */
+  void (*p2p_wait)(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
+  /* Wakes p2p_wait (new local work or abort). Any thread. */
+  void (*p2p_notify)(tcc_comm_t *comm);
+  /* Releases transport state (threads are already stopped). */
+  void (*destroy)(tcc_comm_t *comm);
+} tcc_transport_ops_t;
+
+/* Each transport's setup. `blobs` as in tcc_comm_create; on success sets
+ * comm->ops and comm->transport_state. Bounded by comm->timeout_ms. */
+/* Sets up `transport` (tcc_comm_choose_transport's choice) for comm and
+ * closes ep. The one place that knows every transport. */
+tcc_result_t tcc__transport_setup(tcc_comm_t *comm, tcc_transport_t transport, tcc_endpoint_t *ep,
+                                  const tcc_blob_t *blobs, tcc_err_t *err);
+tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err);
+tcc_result_t tcc_tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs,
+                           tcc_err_t *err);
+
+#endif /* TCC_TRANSPORT_TRANSPORT_H */
