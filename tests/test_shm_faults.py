@@ -49,7 +49,10 @@ RANK_SCRIPT = textwrap.dedent("""
             sys.exit(0)
 
     if scenario == "small_shm":
-        init(datetime.timedelta(seconds=60))
+        # A file store: rank 0 fails at once and exits, and with it a TCPStore
+        # it hosts, which rank 1 may still be reading its blobs from.
+        store = dist.FileStore(os.environ["STORE_PATH"], 2)
+        init(datetime.timedelta(seconds=60), store=store, rank=rank, world_size=2)
         x = torch.arange(1000, dtype=torch.float32) + rank
         dist.all_reduce(x)
         report(ok=torch.equal(x, 2 * torch.arange(1000, dtype=torch.float32) + 1))
