@@ -1,5 +1,6 @@
 // backend.cpp - see backend.hpp.
 #include "backend.hpp"
+#include "core_error.hpp"
 #include "rendezvous.hpp"
 #include "timeouts.hpp"
 
@@ -300,8 +301,9 @@ void TccBackend::setBoundDeviceId(std::optional<at::Device> device) {
       "): tccomm was built without CUDA");
   std::lock_guard<std::mutex> lock(mutex_);
   checkUsable("eager CUDA init");
-  if (tcc_comm_cuda_init(comm_, device->index()) != TCC_OK) {
-    C10_THROW_ERROR(DistBackendError, c10::str("tccomm: device_id=", *device, ": ", tcc_comm_last_error(comm_)));
+  const tcc_result_t r = tcc_comm_cuda_init(comm_, device->index());
+  if (r != TCC_OK) {
+    throwCoreError(r, CallKind::Setup, c10::str("tccomm: device_id=", *device));
   }
 }
 #endif
@@ -359,7 +361,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::endCoalescing() {
     inputs.swap(coalescedInputs_);
     if (comm_ != nullptr && tcc_comm_group_end(comm_) != TCC_OK) {
       // The ops carry the failure; wait() raises it.
-      TORCH_WARN_ONCE("tccomm: endCoalescing: ", tcc_comm_last_error(comm_));
+      TORCH_WARN_ONCE("tccomm: endCoalescing: ", coreErrorMessage(TCC_ERR_SYSTEM));
     }
     for (auto& pending : ops) {
       pending->cudaCopyBack(); // no-op for host ops
@@ -393,21 +395,19 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
       tcc_op_t* handle = nullptr;
       const tcc_result_t r = step.call(comm_, &opts, &handle);
       if (r != TCC_OK) {
-        // The core's message names the op, the group, this rank and the cause.
-        std::string msg = tcc_comm_last_error(comm_);
-        if (msg.empty()) {
-          msg = c10::str("tccomm: ", op, ": ", tcc_result_string(r));
-        }
+        // Read before group_end, which may fail on this thread too.
+        const std::string msg = coreErrorMessage(r);
         if (grouped) {
           tcc_comm_group_end(comm_); // launches (and so completes) the steps issued so far
         }
-        if (!ops.empty()) {
-          // Those finish on their own (their buffers stay alive until then).
-          msg = c10::str(msg, " (", ops.size(), " of the ", steps.size(), " ops of this ", op, " were issued)");
-        } else if (r == TCC_ERR_INVALID || r == TCC_ERR_UNSUPPORTED) {
-          TORCH_CHECK(false, msg); // bad input, nothing sent
+        if (ops.empty()) {
+          throwCoreError(r, CallKind::Op);
         }
-        C10_THROW_ERROR(DistBackendError, msg);
+        // Those finish on their own (their buffers stay alive until then);
+        // the group cannot be used as if nothing happened.
+        C10_THROW_ERROR(
+            DistBackendError,
+            c10::str(msg, " (", ops.size(), " of the ", steps.size(), " ops of this ", op, " were issued)"));
       }
       if (pending->device() >= 0) {
         pending->prepareCuda(tcc_comm_cuda_stream(comm_));
@@ -417,7 +417,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
     }
     if (grouped && tcc_comm_group_end(comm_) != TCC_OK) {
       // The ops carry the failure; wait() raises it.
-      TORCH_WARN_ONCE("tccomm: ", op, ": ", tcc_comm_last_error(comm_));
+      TORCH_WARN_ONCE("tccomm: ", op, ": ", coreErrorMessage(TCC_ERR_SYSTEM));
     }
     if (coalescing_) {
       coalescedOps_.insert(coalescedOps_.end(), ops.begin(), ops.end());

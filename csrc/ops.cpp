@@ -50,15 +50,14 @@ void create(
 
 std::string buildInfo() {
   int runtime = 0;
-  char err[512] = {0};
   std::string runtimeJson = "null";
   std::string errorJson = "\"\"";
   if (tcc_cuda_built()) {
-    if (tcc_nccl_runtime_version(&runtime, err, sizeof err) == TCC_OK) {
+    if (tcc_nccl_runtime_version(&runtime) == TCC_OK) {
       runtimeJson = std::to_string(runtime);
     } else {
       std::string quoted;
-      for (const char* p = err; *p != '\0'; ++p) {
+      for (const char* p = tcc_last_error(); *p != '\0'; ++p) {
         if (*p == '"' || *p == '\\') {
           quoted += '\\';
         }

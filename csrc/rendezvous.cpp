@@ -1,5 +1,6 @@
 // rendezvous.cpp - see rendezvous.hpp.
 #include "rendezvous.hpp"
+#include "core_error.hpp"
 #include "timeouts.hpp"
 
 #include <memory>
@@ -110,16 +111,11 @@ c10::intrusive_ptr<TccBackend> createBackend(
   }
   TORCH_CHECK(timeout.count() > 0, "tccomm: creating '", name, "': the timeout must be positive, got ", timeout.count(), " ms");
 
-  char err[512] = {0};
   tcc_endpoint_t* rawEp = nullptr;
   std::vector<uint8_t> blob(TCC_ENDPOINT_BLOB_SIZE);
-  tcc_result_t r = tcc_endpoint_open(advertiseAddr.c_str(), &rawEp, blob.data(), err, sizeof err);
+  tcc_result_t r = tcc_endpoint_open(advertiseAddr.c_str(), &rawEp, blob.data());
   if (r != TCC_OK) {
-    C10_THROW_ERROR(
-        DistNetworkError,
-        c10::str(
-            "tccomm: creating '", name, "': opening an endpoint on ", advertiseAddr, ": ",
-            err[0] != '\0' ? err : tcc_result_string(r)));
+    throwCoreError(r, CallKind::Network, c10::str("tccomm: creating '", name, "': opening an endpoint on ", advertiseAddr));
   }
   EndpointPtr ep(rawEp);
   const std::vector<uint8_t> blobs = exchangeBlobs(*store, rank, size, blob, timeout, name);
@@ -131,15 +127,11 @@ c10::intrusive_ptr<TccBackend> createBackend(
   cfg.name = name.c_str();
   cfg.transport = transport;
   tcc_comm_t* comm = nullptr;
-  err[0] = '\0';
   // Consumes the endpoint whatever the result.
-  r = tcc_comm_create(&cfg, ep.release(), blobs.data(), &comm, err, sizeof err);
+  r = tcc_comm_create(&cfg, ep.release(), blobs.data(), &comm);
   if (r != TCC_OK) {
-    C10_THROW_ERROR(
-        DistBackendError,
-        c10::str(
-            "tccomm: creating communicator '", name, "' (rank ", rank, " of ", size, ") failed: ",
-            err[0] != '\0' ? err : tcc_result_string(r)));
+    throwCoreError(
+        r, CallKind::Setup, c10::str("tccomm: creating communicator '", name, "' (rank ", rank, " of ", size, ") failed"));
   }
   return c10::make_intrusive<TccBackend>(comm, rank, size, timeout, name, advertiseAddr, transport);
 }

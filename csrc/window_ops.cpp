@@ -21,6 +21,7 @@
 #include <torch/library.h>
 
 #include "backend.hpp"
+#include "core_error.hpp"
 #include "tccomm.h"
 
 namespace tccomm {
@@ -65,18 +66,11 @@ WindowRegistry& registry() {
   return *r;
 }
 
-void throwIfFailed(const char* op, tcc_result_t r, const tcc_window_t* win) {
-  if (r == TCC_OK) {
-    return;
+// The core's messages name the window op, the group, the rank and the cause.
+void throwIfFailed(tcc_result_t r) {
+  if (r != TCC_OK) {
+    throwCoreError(r, CallKind::Op);
   }
-  std::string msg = tcc_window_last_error(win);
-  if (msg.empty()) {
-    msg = c10::str("tccomm: window ", op, ": ", tcc_result_string(r));
-  }
-  if (r == TCC_ERR_TIMEOUT) {
-    C10_THROW_ERROR(DistBackendError, msg);
-  }
-  TORCH_CHECK(false, msg);
 }
 
 int64_t windowCreate(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int64_t bytes, int64_t timeoutMs) {
@@ -87,14 +81,13 @@ int64_t windowCreate(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int64_t b
   auto* tcc = dynamic_cast<TccBackend*>(backend.get());
   TORCH_CHECK(tcc != nullptr, "tccomm: window_create: the group's CPU backend is not tccomm");
   tcc_comm_t* comm = tcc->coreComm("window_create");
-  char err[512] = {0};
   tcc_window_t* raw = nullptr;
   const size_t size = bytes < 0 ? TCC_WINDOW_DECLINE : static_cast<size_t>(bytes);
-  const tcc_result_t r = tcc_window_create(comm, size, timeoutMs, &raw, err, sizeof err);
-  if (r == TCC_ERR_TIMEOUT || r == TCC_ERR_ABORTED || r == TCC_ERR_REMOTE) {
-    C10_THROW_ERROR(DistBackendError, c10::str("tccomm: window_create: ", err));
+  const tcc_result_t r = tcc_window_create(comm, size, timeoutMs, &raw);
+  if (r != TCC_OK) {
+    // Every rank fails alike; bad sizes are bad input like an op's.
+    throwCoreError(r, CallKind::Op, "tccomm: window_create");
   }
-  TORCH_CHECK(r == TCC_OK, "tccomm: window_create: ", err[0] != '\0' ? err : tcc_result_string(r));
   return registry().add(WindowPtr(raw, tcc_window_destroy));
 }
 
@@ -108,19 +101,17 @@ void windowPut(int64_t id, const at::Tensor& src, int64_t dst, int64_t offsetByt
   const at::Tensor c = src.contiguous();
   const size_t bytes = static_cast<size_t>(c.numel()) * c.element_size();
   throwIfFailed(
-      "put",
-      tcc_window_put(win.get(), c.data_ptr(), bytes, static_cast<int>(dst), static_cast<size_t>(offsetBytes)),
-      win.get());
+      tcc_window_put(win.get(), c.data_ptr(), bytes, static_cast<int>(dst), static_cast<size_t>(offsetBytes)));
 }
 
 void windowSignal(int64_t id, int64_t dst) {
   WindowPtr win = registry().get("signal", id);
-  throwIfFailed("signal", tcc_window_signal(win.get(), static_cast<int>(dst)), win.get());
+  throwIfFailed(tcc_window_signal(win.get(), static_cast<int>(dst)));
 }
 
 void windowWaitSignal(int64_t id, int64_t peer, int64_t timeoutMs) {
   WindowPtr win = registry().get("wait_signal", id);
-  throwIfFailed("wait_signal", tcc_window_wait_signal(win.get(), static_cast<int>(peer), timeoutMs), win.get());
+  throwIfFailed(tcc_window_wait_signal(win.get(), static_cast<int>(peer), timeoutMs));
 }
 
 at::Tensor windowView(int64_t id, int64_t rank, at::ScalarType dtype, at::IntArrayRef shape) {

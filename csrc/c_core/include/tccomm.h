@@ -88,6 +88,13 @@ typedef struct tcc_op tcc_op_t;
 
 /* ---- errors ---------------------------------------------------------- */
 
+/* Errors. Every call that can fail returns a tcc_result_t. When it fails,
+ * the reason (naming the call, the group, the rank, the peer when there is
+ * one, and the cause) stays readable on the calling thread until that
+ * thread's next failing call: tcc_last_error(). An op that fails after it
+ * was issued carries its reason itself (tcc_op_error), and a communicator
+ * that failed keeps its first cause (tcc_comm_failure). */
+const char *tcc_last_error(void);
 const char *tcc_result_string(tcc_result_t r);
 size_t tcc_dtype_size(tcc_dtype_t dt);
 const char *tcc_dtype_name(tcc_dtype_t dt);
@@ -104,8 +111,7 @@ tcc_result_t tcc_redop_supported(tcc_dtype_t dt, tcc_redop_t op);
  * to blob_out. advertise_addr is the IPv4 address peers on other hosts use
  * to reach this one; NULL or "" means 127.0.0.1. */
 tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep,
-                               uint8_t blob_out[TCC_ENDPOINT_BLOB_SIZE],
-                               char *err, size_t errlen);
+                               uint8_t blob_out[TCC_ENDPOINT_BLOB_SIZE]);
 void tcc_endpoint_close(tcc_endpoint_t *ep);
 
 typedef enum tcc_transport {
@@ -126,8 +132,7 @@ typedef struct tcc_comm_config {
  * bytes in rank order; `ep` is this rank's endpoint (its blob must be at
  * index rank) and is consumed whatever the result. */
 tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
-                             const uint8_t *blobs, tcc_comm_t **comm,
-                             char *err, size_t errlen);
+                             const uint8_t *blobs, tcc_comm_t **comm);
 
 int tcc_comm_rank(const tcc_comm_t *comm);
 int tcc_comm_size(const tcc_comm_t *comm);
@@ -137,10 +142,11 @@ const char *tcc_comm_transport_name(const tcc_comm_t *comm);
 void tcc_comm_set_timeout(tcc_comm_t *comm, int64_t timeout_ms);
 /* Number of collectives issued so far. */
 uint64_t tcc_comm_collective_count(const tcc_comm_t *comm);
-/* TCC_OK while usable; after a timeout or abort every new op fails with
- * the code returned here and tcc_comm_last_error() explains why. */
+/* TCC_OK while usable; after a timeout, an abort or a dead peer every new
+ * op fails with the code returned here, and tcc_comm_failure() says why
+ * (the first cause; "" while usable). */
 tcc_result_t tcc_comm_status(const tcc_comm_t *comm);
-const char *tcc_comm_last_error(const tcc_comm_t *comm);
+const char *tcc_comm_failure(const tcc_comm_t *comm);
 
 /* Fails every pending and future op with TCC_ERR_ABORTED and wakes every
  * waiter; does not free. Safe from any thread. */
@@ -252,9 +258,8 @@ typedef struct tcc_window tcc_window_t;
  * (they may differ); the buffers start zeroed. Blocks until every rank has
  * mapped the window, bounded by timeout_ms (<= 0: the communicator's).
  * The window does not keep `comm`: it stays valid after the communicator
- * is destroyed. On failure err holds the reason. */
-tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_ms, tcc_window_t **win,
-                               char *err, size_t errlen);
+ * is destroyed. */
+tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_ms, tcc_window_t **win);
 int tcc_window_rank(const tcc_window_t *win);
 int tcc_window_size(const tcc_window_t *win);
 /* The mapped buffer of `rank` (this rank's own included) and its size in
@@ -270,8 +275,6 @@ tcc_result_t tcc_window_signal(tcc_window_t *win, int dst_rank);
  * already consumed, and consumes it. TCC_ERR_TIMEOUT after timeout_ms
  * (<= 0: the window's default, the communicator's timeout at creation). */
 tcc_result_t tcc_window_wait_signal(tcc_window_t *win, int peer, int64_t timeout_ms);
-/* The message of the last failed call on this window ("" if none). */
-const char *tcc_window_last_error(const tcc_window_t *win);
 /* Unmaps this rank's view; local, never blocks. The memory itself lives
  * until every rank has destroyed its window. */
 void tcc_window_destroy(tcc_window_t *win);
@@ -300,7 +303,7 @@ int tcc_cuda_built(void);
 int tcc_nccl_header_version(void);
 /* Loads NCCL (the copy already in the process when there is one) and
  * returns its version in *version. */
-tcc_result_t tcc_nccl_runtime_version(int *version, char *err, size_t errlen);
+tcc_result_t tcc_nccl_runtime_version(int *version);
 /* Creates the NCCL communicator for `device` now rather than at the first
  * CUDA op. Collective: every rank calls it. */
 tcc_result_t tcc_comm_cuda_init(tcc_comm_t *comm, int device);

@@ -49,9 +49,8 @@ static int __attribute__((unused)) run_group(int n, const char *spec, int64_t ti
     if (pids[r] != 0) continue;
     tcc_endpoint_t *ep;
     uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
-    char err[512];
-    if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) {
-      fprintf(stderr, "endpoint: %s\n", err);
+    if (tcc_endpoint_open("127.0.0.1", &ep, blob) != TCC_OK) {
+      fprintf(stderr, "endpoint: %s\n", tcc_last_error());
       _exit(2);
     }
     if (fake_hosts || fake_shm) {
@@ -66,14 +65,14 @@ static int __attribute__((unused)) run_group(int n, const char *spec, int64_t ti
     while (atomic_load(&rv->published) < n) usleep(1000);
     tcc_comm_config_t cfg = {r, n, timeout_ms, name, transport};
     tcc_comm_t *comm;
-    tcc_result_t created = tcc_comm_create(&cfg, ep, rv->blobs, &comm, err, sizeof err);
+    tcc_result_t created = tcc_comm_create(&cfg, ep, rv->blobs, &comm);
     if (strcmp(spec, "shm-hosts") == 0 || strcmp(spec, "shm-shmdirs") == 0) {
       const char *why = fake_hosts ? "different hosts" : "do not share /dev/shm";
-      CHECK(created == TCC_ERR_INVALID && strstr(err, why), "%s: %s", spec, err);
+      CHECK(created == TCC_ERR_INVALID && strstr(tcc_last_error(), why), "%s: %s", spec, tcc_last_error());
       rank_exit(check_failures ? 1 : 0);
     }
     if (created != TCC_OK) {
-      fprintf(stderr, "rank %d create: %s\n", r, err);
+      fprintf(stderr, "rank %d create: %s\n", r, tcc_last_error());
       _exit(2);
     }
     CHECK(strcmp(tcc_comm_transport_name(comm), expected) == 0, "%s: transport %s, expected %s", spec,

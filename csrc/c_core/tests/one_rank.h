@@ -13,15 +13,14 @@
 static tcc_comm_t *one_rank_comm(const char *name) {
   tcc_endpoint_t *ep;
   uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
-  char err[512];
-  if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) {
-    fprintf(stderr, "endpoint: %s\n", err);
+  if (tcc_endpoint_open("127.0.0.1", &ep, blob) != TCC_OK) {
+    fprintf(stderr, "endpoint: %s\n", tcc_last_error());
     return NULL;
   }
   tcc_comm_config_t cfg = {0, 1, 10000, name, TCC_TRANSPORT_AUTO};
   tcc_comm_t *comm = NULL;
-  if (tcc_comm_create(&cfg, ep, blob, &comm, err, sizeof err) != TCC_OK) {
-    fprintf(stderr, "create: %s\n", err);
+  if (tcc_comm_create(&cfg, ep, blob, &comm) != TCC_OK) {
+    fprintf(stderr, "create: %s\n", tcc_last_error());
     return NULL;
   }
   return comm;

@@ -276,7 +276,7 @@ static void test_mismatch(tcc_comm_t *comm) {
   CHECK(x[11] == (float)n, "allreduce after mismatch gave %f", x[11]);
   /* Invalid local arguments fail before anything is sent. */
   r = tcc_broadcast(comm, host_buf(x, 1, TCC_FLOAT32), n, NULL, &op);
-  CHECK(r == TCC_ERR_INVALID && strstr(tcc_comm_last_error(comm), "root"), "bad root: %s", tcc_comm_last_error(comm));
+  CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), "root"), "bad root: %s", tcc_last_error());
   r = tcc_allreduce(comm, host_buf(x, 1, TCC_FLOAT32), host_buf(x, 1, TCC_FLOAT32), TCC_BXOR, NULL, &op);
   CHECK(r == TCC_ERR_UNSUPPORTED, "bxor on float: %s", tcc_result_string(r));
 }
@@ -317,7 +317,7 @@ static void test_peer_leaves_early(tcc_comm_t *comm) {
   tcc_op_t *op;
   tcc_result_t r = me == 0 ? tcc_send(comm, host_buf(&v, 1, TCC_INT32), 1, 9, NULL, &op)
                            : tcc_recv(comm, host_buf(&v, 1, TCC_INT32), 0, 9, NULL, &op);
-  CHECK(r == TCC_OK, "p2p after peers left: %s", tcc_comm_last_error(comm));
+  CHECK(r == TCC_OK, "p2p after peers left: %s", tcc_last_error());
   if (r != TCC_OK) return;
   CHECK(tcc_op_wait(op, -1) == TCC_OK, "p2p after peers left: %s", tcc_op_error(op));
   CHECK(v == 42, "p2p after peers left gave %d", v);

@@ -40,7 +40,7 @@ static tcc_result_t allreduce_wait(tcc_comm_t *comm, float *x, size_t n, char *m
   tcc_op_t *op;
   tcc_result_t r = tcc_allreduce(comm, f32(x, n), f32(x, n), TCC_SUM, NULL, &op);
   if (r != TCC_OK) {
-    snprintf(msg, len, "%s", tcc_comm_last_error(comm));
+    snprintf(msg, len, "%s", tcc_last_error());
     return r;
   }
   r = tcc_op_wait(op, -1);

@@ -130,12 +130,11 @@ static int first_setup_in_child(void) {
   if (pid == 0) {
     tcc_endpoint_t *ep;
     uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
-    char err[TCC_ERRLEN];
-    if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) _exit(2);
+    if (tcc_endpoint_open("127.0.0.1", &ep, blob) != TCC_OK) _exit(2);
     tcc_comm_config_t cfg = {0, 1, 10000, "reap-test", TCC_TRANSPORT_SHM};
     tcc_comm_t *comm = NULL;
-    if (tcc_comm_create(&cfg, ep, blob, &comm, err, sizeof err) != TCC_OK) {
-      fprintf(stderr, "create: %s\n", err);
+    if (tcc_comm_create(&cfg, ep, blob, &comm) != TCC_OK) {
+      fprintf(stderr, "create: %s\n", tcc_last_error());
       _exit(2);
     }
     tcc_comm_destroy(comm);
@@ -383,10 +382,9 @@ static void rank0_killed_in_group(void) {
   printf("rank 0 killed while creating a 3-rank group:\n");
   uint8_t blobs[3 * TCC_ENDPOINT_BLOB_SIZE];
   tcc_endpoint_t *ep[3];
-  char err[TCC_ERRLEN];
   for (int r = 0; r < 3; r++)
-    CHECK(tcc_endpoint_open("127.0.0.1", &ep[r], blobs + r * TCC_ENDPOINT_BLOB_SIZE, err, sizeof err) == TCC_OK,
-          "endpoint: %s", err);
+    CHECK(tcc_endpoint_open("127.0.0.1", &ep[r], blobs + r * TCC_ENDPOINT_BLOB_SIZE) == TCC_OK,
+          "endpoint: %s", tcc_last_error());
   tcc_blob_t b0;
   memcpy(&b0, blobs, sizeof b0);
   tcc_segment_id_t id;
@@ -409,7 +407,8 @@ static void rank0_killed_in_group(void) {
     tcc_comm_config_t cfg = {r, 3, 60000, "reap-test", TCC_TRANSPORT_SHM};
     tcc_comm_t *comm = NULL;
     atomic_fetch_add(&o->waiting, 1);
-    tcc_result_t res = tcc_comm_create(&cfg, ep[r], blobs, &comm, o->rank[r].msg, sizeof o->rank[r].msg);
+    tcc_result_t res = tcc_comm_create(&cfg, ep[r], blobs, &comm);
+    snprintf(o->rank[r].msg, sizeof o->rank[r].msg, "%s", tcc_last_error());
     o->rank[r].done_ns = tcc_now_ns();
     o->rank[r].r = res;
     _exit(0);

@@ -237,10 +237,9 @@ static void other_size(shm_header_t *h) { h->size = 3; }
 static void transport_case(const char *what, corrupt_fn corrupt, const char *phrase) {
   uint8_t blobs[2 * TCC_ENDPOINT_BLOB_SIZE];
   tcc_endpoint_t *ep[2];
-  char err[TCC_ERRLEN];
   for (int r = 0; r < 2; r++)
-    CHECK(tcc_endpoint_open("127.0.0.1", &ep[r], blobs + r * TCC_ENDPOINT_BLOB_SIZE, err, sizeof err) == TCC_OK,
-          "endpoint: %s", err);
+    CHECK(tcc_endpoint_open("127.0.0.1", &ep[r], blobs + r * TCC_ENDPOINT_BLOB_SIZE) == TCC_OK,
+          "endpoint: %s", tcc_last_error());
   tcc_blob_t b0;
   memcpy(&b0, blobs, sizeof b0);
   tcc_segment_id_t id;
@@ -252,7 +251,7 @@ static void transport_case(const char *what, corrupt_fn corrupt, const char *phr
     setenv("TCCOMM_SHM_SMALL_BYTES", "0", 1);
     tcc_comm_config_t cfg = {0, 2, 20000, "seg-test", TCC_TRANSPORT_SHM};
     tcc_comm_t *comm;
-    if (tcc_comm_create(&cfg, ep[0], blobs, &comm, err, sizeof err) == TCC_OK) tcc_comm_destroy(comm);
+    if (tcc_comm_create(&cfg, ep[0], blobs, &comm) == TCC_OK) tcc_comm_destroy(comm);
     _exit(0);
   }
   tcc_endpoint_close(ep[0]);
@@ -268,23 +267,23 @@ static void transport_case(const char *what, corrupt_fn corrupt, const char *phr
   tcc_comm_config_t cfg = {1, 2, 20000, "seg-test", TCC_TRANSPORT_SHM};
   tcc_comm_t *comm = NULL;
   double t0 = now_s();
-  r = tcc_comm_create(&cfg, ep[1], blobs, &comm, err, sizeof err);
+  r = tcc_comm_create(&cfg, ep[1], blobs, &comm);
   double secs = now_s() - t0;
   unsetenv("TCCOMM_SHM_WINDOW_BYTES");
   unsetenv("TCCOMM_SHM_SMALL_BYTES");
   if (!phrase) {
-    CHECK(r == TCC_OK, "%s: %s", what, err);
+    CHECK(r == TCC_OK, "%s: %s", what, tcc_last_error());
     /* Rank 0's tunables, not this rank's environment. */
     shm_state_t *st = comm ? shm_of(comm) : NULL;
     CHECK(st && st->window == 65536 && st->small_bytes == 0, "%s: window %zu, small %zu", what,
           st ? st->window : 0, st ? st->small_bytes : 0);
     if (comm) tcc_comm_destroy(comm);
   } else {
-    CHECK(r == TCC_ERR_INVALID && strstr(err, phrase) && strstr(err, "'seg-test' (rank 1)") &&
-              strstr(err, "not trusted"),
-          "%s: %s: %s", what, tcc_result_string(r), err);
+    CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), phrase) && strstr(tcc_last_error(), "'seg-test' (rank 1)") &&
+              strstr(tcc_last_error(), "not trusted"),
+          "%s: %s: %s", what, tcc_result_string(r), tcc_last_error());
     CHECK(secs < 2.0, "%s: took %.2f s", what, secs);
-    printf("  %-22s %s\n", what, err);
+    printf("  %-22s %s\n", what, tcc_last_error());
     kill(pid, SIGKILL); /* it would wait for rank 1 until its timeout */
   }
   int status;
@@ -324,16 +323,15 @@ static int run_pair(int64_t timeout_ms, rank_fn fn) {
     if (pids[r] != 0) continue;
     tcc_endpoint_t *ep;
     uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
-    char err[TCC_ERRLEN] = "";
-    if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) _exit(2);
+    if (tcc_endpoint_open("127.0.0.1", &ep, blob) != TCC_OK) _exit(2);
     memcpy(rv->blobs + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, blob, sizeof blob);
     atomic_fetch_add(&rv->published, 1);
     while (atomic_load(&rv->published) < 2) usleep(1000);
     tcc_comm_config_t cfg = {r, 2, timeout_ms, "small-shm", TCC_TRANSPORT_SHM};
     tcc_comm_t *comm = NULL;
     double t0 = now_s();
-    tcc_result_t res = tcc_comm_create(&cfg, ep, rv->blobs, &comm, err, sizeof err);
-    fn(r, res, err, now_s() - t0, res == TCC_OK ? comm : NULL);
+    tcc_result_t res = tcc_comm_create(&cfg, ep, rv->blobs, &comm);
+    fn(r, res, tcc_last_error(), now_s() - t0, res == TCC_OK ? comm : NULL);
     fflush(stdout);
     _exit(check_failures ? 1 : 0);
   }
@@ -380,17 +378,16 @@ static void window_too_big(int rank, tcc_result_t r, const char *err, double sec
   (void)secs;
   CHECK(r == TCC_OK, "rank %d: the group should fit: %s", rank, err);
   if (!comm) return;
-  char werr[TCC_ERRLEN] = "";
   tcc_window_t *win = NULL;
   double t0 = now_s();
-  tcc_result_t wr = tcc_window_create(comm, 4u << 20, 60000, &win, werr, sizeof werr);
+  tcc_result_t wr = tcc_window_create(comm, 4u << 20, 60000, &win);
   double wsecs = now_s() - t0;
-  CHECK(wr == TCC_ERR_SYSTEM && strstr(werr, "tccomm window on 'small-shm'") && strstr(werr, "bytes free") &&
-            strstr(werr, "TCCOMM_TRANSPORT=tcp"),
-        "rank %d window: %s: %s", rank, tcc_result_string(wr), werr);
-  if (rank == 1) CHECK(strstr(werr, "rank 0 could not create"), "rank 1 window: %s", werr);
+  CHECK(wr == TCC_ERR_SYSTEM && strstr(tcc_last_error(), "tccomm window on 'small-shm'") && strstr(tcc_last_error(), "bytes free") &&
+            strstr(tcc_last_error(), "TCCOMM_TRANSPORT=tcp"),
+        "rank %d window: %s: %s", rank, tcc_result_string(wr), tcc_last_error());
+  if (rank == 1) CHECK(strstr(tcc_last_error(), "rank 0 could not create"), "rank 1 window: %s", tcc_last_error());
   CHECK(wsecs < 5, "rank %d window failed after %.2f s", rank, wsecs);
-  printf("  rank %d window after %.2f s: %s\n", rank, wsecs, werr);
+  printf("  rank %d window after %.2f s: %s\n", rank, wsecs, tcc_last_error());
   if (win) tcc_window_destroy(win);
   /* The group itself is still fine. */
   tcc_op_t *op = NULL;

@@ -92,9 +92,8 @@ static int run_group(const char *name, int n, void (*fn)(rank_ctx_t *)) {
 
 static tcc_endpoint_t *publish_endpoint(rank_ctx_t *t) {
   tcc_endpoint_t *ep = NULL;
-  char msg[256] = "";
-  tcc_result_t r = tcc_endpoint_open(NULL, &ep, t->sh->blobs[t->rank], msg, sizeof(msg));
-  CHECK(r == TCC_OK, "rank %d: tcc_endpoint_open: %s", t->rank, msg);
+  tcc_result_t r = tcc_endpoint_open(NULL, &ep, t->sh->blobs[t->rank]);
+  CHECK(r == TCC_OK, "rank %d: tcc_endpoint_open: %s", t->rank, tcc_last_error());
   return ep;
 }
 
@@ -678,11 +677,10 @@ static void setup_refused_group(rank_ctx_t *t) {
 int main(void) {
   tcc_endpoint_t *ep = (tcc_endpoint_t *)1;
   uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
-  char msg[256] = "";
-  CHECK(tcc_endpoint_open("not-an-address", &ep, blob, msg, sizeof(msg)) == TCC_ERR_INVALID &&
-            ep == NULL && strstr(msg, "not-an-address"),
-        "bad address accepted: %s", msg);
-  CHECK(tcc_endpoint_open("", &ep, blob, msg, sizeof(msg)) == TCC_OK, "%s", msg);
+  CHECK(tcc_endpoint_open("not-an-address", &ep, blob) == TCC_ERR_INVALID &&
+            ep == NULL && strstr(tcc_last_error(), "not-an-address"),
+        "bad address accepted: %s", tcc_last_error());
+  CHECK(tcc_endpoint_open("", &ep, blob) == TCC_OK, "%s", tcc_last_error());
   const tcc_blob_t *b = (const tcc_blob_t *)blob;
   CHECK(b->magic == TCC_BLOB_MAGIC && b->port && b->ipv4 == htonl(INADDR_LOOPBACK) &&
             b->pid == (uint32_t)getpid(),

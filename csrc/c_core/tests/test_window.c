@@ -27,10 +27,9 @@ static size_t win_bytes(int r) { return 4096 + (size_t)r * 1000; }
 
 static void test_puts_and_signals(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
-  char err[512] = "";
   tcc_window_t *win = NULL;
-  tcc_result_t r = tcc_window_create(comm, win_bytes(me), 0, &win, err, sizeof err);
-  CHECK(r == TCC_OK, "create: %s", err);
+  tcc_result_t r = tcc_window_create(comm, win_bytes(me), 0, &win);
+  CHECK(r == TCC_OK, "create: %s", tcc_last_error());
   if (r != TCC_OK) return;
   size_t bytes = 0;
   const unsigned char *mine = tcc_window_buffer(win, me, &bytes);
@@ -47,11 +46,11 @@ static void test_puts_and_signals(tcc_comm_t *comm) {
   unsigned char src[8];
   memset(src, me + 1, sizeof src);
   for (int d = 0; d < n; d++) {
-    CHECK(tcc_window_put(win, src, sizeof src, d, 8 * (size_t)me) == TCC_OK, "put: %s", tcc_window_last_error(win));
+    CHECK(tcc_window_put(win, src, sizeof src, d, 8 * (size_t)me) == TCC_OK, "put: %s", tcc_last_error());
     CHECK(tcc_window_signal(win, d) == TCC_OK, "signal");
   }
   for (int p = 0; p < n; p++) {
-    CHECK(tcc_window_wait_signal(win, p, 0) == TCC_OK, "wait %d: %s", p, tcc_window_last_error(win));
+    CHECK(tcc_window_wait_signal(win, p, 0) == TCC_OK, "wait %d: %s", p, tcc_last_error());
     for (int k = 0; k < 8; k++) CHECK(mine[8 * p + k] == p + 1, "rank %d's bytes from %d", me, p);
   }
   /* Two signals are two waits; a third wait times out and names the peer. */
@@ -61,19 +60,19 @@ static void test_puts_and_signals(tcc_comm_t *comm) {
   CHECK(tcc_window_wait_signal(win, prev, 0) == TCC_OK, "first of two");
   CHECK(tcc_window_wait_signal(win, prev, 0) == TCC_OK, "second of two");
   r = tcc_window_wait_signal(win, prev, 100);
-  CHECK(r == TCC_ERR_TIMEOUT && strstr(tcc_window_last_error(win), "timed out"), "third: %s",
-        tcc_window_last_error(win));
+  CHECK(r == TCC_ERR_TIMEOUT && strstr(tcc_last_error(), "timed out"), "third: %s",
+        tcc_last_error());
   /* The peer's view shows its buffer, written by its owner. */
   size_t pbytes = 0;
   const unsigned char *peer = tcc_window_buffer(win, next, &pbytes);
   CHECK(pbytes == win_bytes(next), "peer size %zu", pbytes);
   CHECK(peer[8 * me] == me + 1, "my put seen through the peer's view");
   /* Bad arguments fail with a message and change nothing. */
-  CHECK(tcc_window_put(win, src, 8, n, 0) == TCC_ERR_INVALID && strstr(tcc_window_last_error(win), "out of range"),
-        "bad rank: %s", tcc_window_last_error(win));
+  CHECK(tcc_window_put(win, src, 8, n, 0) == TCC_ERR_INVALID && strstr(tcc_last_error(), "out of range"),
+        "bad rank: %s", tcc_last_error());
   CHECK(tcc_window_put(win, src, 8, next, win_bytes(next) - 4) == TCC_ERR_INVALID &&
-            strstr(tcc_window_last_error(win), "do not fit"),
-        "bad offset: %s", tcc_window_last_error(win));
+            strstr(tcc_last_error(), "do not fit"),
+        "bad offset: %s", tcc_last_error());
   CHECK(tcc_window_put(win, src, 8, next, (size_t)-4) == TCC_ERR_INVALID, "overflowing offset");
   CHECK(tcc_window_signal(win, -1) == TCC_ERR_INVALID, "bad signal rank");
   CHECK(tcc_window_wait_signal(win, n, 10) == TCC_ERR_INVALID, "bad wait rank");
@@ -83,14 +82,14 @@ static void test_puts_and_signals(tcc_comm_t *comm) {
   tcc_op_release(op);
   tcc_window_destroy(win);
   /* One rank asking for too much fails the creation on every rank. */
-  r = tcc_window_create(comm, me == n - 1 ? ((size_t)1 << 50) : 8, 0, &win, err, sizeof err);
-  CHECK(r == TCC_ERR_INVALID && strstr(err, "more than"), "too large: %s", err);
+  r = tcc_window_create(comm, me == n - 1 ? ((size_t)1 << 50) : 8, 0, &win);
+  CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), "more than"), "too large: %s", tcc_last_error());
   /* A rank that declines fails the creation on every rank, naming it. */
-  r = tcc_window_create(comm, me == 0 ? TCC_WINDOW_DECLINE : 8, 0, &win, err, sizeof err);
-  CHECK(r == TCC_ERR_INVALID && strstr(err, "rank 0 could not register"), "declined: %s", err);
+  r = tcc_window_create(comm, me == 0 ? TCC_WINDOW_DECLINE : 8, 0, &win);
+  CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), "rank 0 could not register"), "declined: %s", tcc_last_error());
   /* A second window on the same communicator is independent. */
-  r = tcc_window_create(comm, 16, 0, &win, err, sizeof err);
-  CHECK(r == TCC_OK, "second create: %s", err);
+  r = tcc_window_create(comm, 16, 0, &win);
+  CHECK(r == TCC_OK, "second create: %s", tcc_last_error());
   if (r == TCC_OK) {
     const unsigned char *b = tcc_window_buffer(win, me, &bytes);
     CHECK(bytes == 16 && b[0] == 0, "second window fresh");
@@ -99,10 +98,9 @@ static void test_puts_and_signals(tcc_comm_t *comm) {
 }
 
 static void test_tcp_refused(tcc_comm_t *comm) {
-  char err[512] = "";
   tcc_window_t *win = NULL;
-  tcc_result_t r = tcc_window_create(comm, 64, 0, &win, err, sizeof err);
-  CHECK(r == TCC_ERR_UNSUPPORTED && strstr(err, "shared-memory") && strstr(err, "tcp"), "tcp: %s", err);
+  tcc_result_t r = tcc_window_create(comm, 64, 0, &win);
+  CHECK(r == TCC_ERR_UNSUPPORTED && strstr(tcc_last_error(), "shared-memory") && strstr(tcc_last_error(), "tcp"), "tcp: %s", tcc_last_error());
 }
 
 static int run_group(int n, tcc_transport_t transport, rank_fn fn) {
@@ -113,15 +111,14 @@ static int run_group(int n, tcc_transport_t transport, rank_fn fn) {
     if (pids[r] != 0) continue;
     tcc_endpoint_t *ep;
     uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
-    char err[512];
-    if (tcc_endpoint_open("127.0.0.1", &ep, blob, err, sizeof err) != TCC_OK) _exit(2);
+    if (tcc_endpoint_open("127.0.0.1", &ep, blob) != TCC_OK) _exit(2);
     memcpy(rv->blobs + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, blob, sizeof blob);
     atomic_fetch_add(&rv->published, 1);
     while (atomic_load(&rv->published) < n) usleep(1000);
     tcc_comm_config_t cfg = {r, n, 30000, "window-group", transport};
     tcc_comm_t *comm;
-    if (tcc_comm_create(&cfg, ep, rv->blobs, &comm, err, sizeof err) != TCC_OK) {
-      fprintf(stderr, "rank %d create: %s\n", r, err);
+    if (tcc_comm_create(&cfg, ep, rv->blobs, &comm) != TCC_OK) {
+      fprintf(stderr, "rank %d create: %s\n", r, tcc_last_error());
       _exit(2);
     }
     fn(comm);

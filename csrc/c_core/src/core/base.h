@@ -26,6 +26,13 @@ typedef struct tcc_err {
   char msg[TCC_ERRLEN];
 } tcc_err_t;
 
+/* Records a failing call's message as this thread's last error
+ * (tcc_last_error) and returns code. */
+tcc_result_t tcc__fail(tcc_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same for a cause collected in a tcc_err_t (err->code, err->msg);
+ * falls back to the result's name when no message was set. */
+tcc_result_t tcc__fail_with(const tcc_err_t *err, tcc_result_t code);
+
 /* Records code + printf-style message in err (if not NULL and not already
  * set) and returns code. */
 tcc_result_t tcc_err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ...)

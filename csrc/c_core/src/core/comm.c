@@ -46,24 +46,15 @@ tcc_result_t tcc_comm_status(const tcc_comm_t *comm) {
   return atomic_load(&((tcc_comm_t *)comm)->aborted) ? comm->fail_code : TCC_OK;
 }
 
-const char *tcc_comm_last_error(const tcc_comm_t *comm) {
-  if (comm->last_error[0]) return comm->last_error;
+const char *tcc_comm_failure(const tcc_comm_t *comm) {
+  /* fail_msg is written once, before `aborted` is set, and never again. */
   return atomic_load(&((tcc_comm_t *)comm)->aborted) ? comm->fail_msg : "";
-}
-
-tcc_result_t tcc__reject(tcc_comm_t *comm, tcc_result_t code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(comm->last_error, sizeof comm->last_error, fmt, ap);
-  va_end(ap);
-  return code;
 }
 
 /* ---- creation --------------------------------------------------------- */
 
 tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
-                             const uint8_t *blobs_raw, tcc_comm_t **out, char *errbuf,
-                             size_t errlen) {
+                             const uint8_t *blobs_raw, tcc_comm_t **out) {
   tcc_err_t err = {TCC_OK, {0}};
   tcc_blob_t *blobs = NULL;
   tcc_comm_t *comm = NULL;
@@ -129,8 +120,7 @@ fail:
     free(comm);
   }
   free(blobs);
-  if (errbuf && errlen) snprintf(errbuf, errlen, "%s", err.msg);
-  return err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM;
+  return tcc__fail_with(&err, err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM);
 }
 
 int tcc_comm_rank(const tcc_comm_t *comm) { return comm->rank; }
@@ -193,12 +183,12 @@ tcc_result_t tcc_comm_group_end(tcc_comm_t *comm) {
   int depth = atomic_load(&comm->group_depth);
   if (depth > 0) atomic_store(&comm->group_depth, depth - 1);
   pthread_mutex_unlock(&comm->group_lock);
-  if (depth == 0) return tcc__reject(comm, TCC_ERR_INVALID, "tccomm '%s': group end without a group start", comm->name);
+  if (depth == 0) return tcc__fail(TCC_ERR_INVALID, "tccomm '%s': group end without a group start", comm->name);
   if (depth > 1) return TCC_OK;
   /* Outside the lock: ending the group finishes ops whose callbacks may
    * start the next group. */
   tcc_err_t err = {TCC_OK, {0}};
   tcc_result_t r = tcc__device_executor.group_end(comm, &err);
   if (r == TCC_OK) r = tcc__host_executor.group_end(comm, &err);
-  return r == TCC_OK ? TCC_OK : tcc__reject(comm, r, "%s", err.msg);
+  return r == TCC_OK ? TCC_OK : tcc__fail_with(&err, r);
 }

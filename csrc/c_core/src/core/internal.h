@@ -120,7 +120,6 @@ struct tcc_comm {
   tcc_result_t fail_code;      /* why aborted */
   pthread_mutex_t fail_lock;
   char fail_msg[TCC_ERRLEN];
-  char last_error[TCC_ERRLEN]; /* last rejected call, for tcc_comm_last_error */
   /* spin budget for waits: large when every rank has its own core */
   int spin_iters;
   atomic_int group_depth; /* tcc_comm_group_start nesting */
@@ -132,9 +131,6 @@ struct tcc_comm {
 void tcc_comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg);
 /* Drops a reference; the last one frees the communicator's memory. */
 void tcc_comm_release(tcc_comm_t *comm);
-/* Records a rejected call's message for tcc_comm_last_error; returns code. */
-tcc_result_t tcc__reject(tcc_comm_t *comm, tcc_result_t code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 /* The communicator's failure: its code with the message copied into msg,
  * or TCC_OK (msg empty) while it has not failed. */
 tcc_result_t tcc__comm_failure(tcc_comm_t *comm, char *msg, size_t len);

@@ -16,7 +16,7 @@ static tcc_result_t check_usable(tcc_comm_t *comm, const char *what) {
   if (!atomic_load(&comm->aborted)) return TCC_OK;
   char cause[TCC_ERRLEN];
   tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
-  return tcc__reject(comm, code, "tccomm %s on '%s' (rank %d): communicator is no longer usable: %.400s", what,
+  return tcc__fail(code, "tccomm %s on '%s' (rank %d): communicator is no longer usable: %.400s", what,
                 comm->name, comm->rank, cause);
 }
 
@@ -24,24 +24,24 @@ static tcc_result_t check_usable(tcc_comm_t *comm, const char *what) {
  * and CUDA memory, nor two CUDA devices. */
 static tcc_result_t check_buf_on(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b, int dev) {
   if ((unsigned)b.dtype >= TCC_DTYPE_COUNT)
-    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid dtype (%d)", what,
+    return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid dtype (%d)", what,
                   comm->name, role, (int)b.dtype);
   if (b.device < -1)
-    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid device (%d)", what,
+    return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid device (%d)", what,
                   comm->name, role, b.device);
   if (b.device >= 0 && !tcc_cuda_built())
-    return tcc__reject(comm, TCC_ERR_UNSUPPORTED,
+    return tcc__fail(TCC_ERR_UNSUPPORTED,
                   "tccomm %s on '%s': %s buffer is on CUDA device %d, but tccomm was built without CUDA",
                   what, comm->name, role, b.device);
   if (b.device != dev) {
     char a[32], c[32];
     snprintf(a, sizeof a, dev < 0 ? "host memory" : "CUDA device %d", dev);
     snprintf(c, sizeof c, b.device < 0 ? "host memory" : "CUDA device %d", b.device);
-    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': the op mixes %s and %s (%s buffer)", what,
+    return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': the op mixes %s and %s (%s buffer)", what,
                   comm->name, a, c, role);
   }
   if (b.count > 0 && !b.ptr)
-    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer is NULL with %zu elements", what,
+    return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer is NULL with %zu elements", what,
                   comm->name, role, b.count);
   return TCC_OK;
 }
@@ -52,26 +52,26 @@ static tcc_result_t check_buf(tcc_comm_t *comm, const char *what, const char *ro
 
 static tcc_result_t check_same_dtype(tcc_comm_t *comm, const char *what, tcc_buf_t a, tcc_buf_t b) {
   if (a.dtype == b.dtype) return TCC_OK;
-  return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': dtypes differ (%s vs %s)", what, comm->name,
+  return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': dtypes differ (%s vs %s)", what, comm->name,
                 tcc_dtype_name(a.dtype), tcc_dtype_name(b.dtype));
 }
 
 static tcc_result_t check_count(tcc_comm_t *comm, const char *what, const char *role, size_t got,
                                 size_t want) {
   if (got == want) return TCC_OK;
-  return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': %s has %zu elements, expected %zu", what,
+  return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': %s has %zu elements, expected %zu", what,
                 comm->name, role, got, want);
 }
 
 static tcc_result_t check_root(tcc_comm_t *comm, const char *what, int root) {
   if (root >= 0 && root < comm->size) return TCC_OK;
-  return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': root %d is out of range [0, %d)", what,
+  return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': root %d is out of range [0, %d)", what,
                 comm->name, root, comm->size);
 }
 
 static tcc_result_t check_redop(tcc_comm_t *comm, const char *what, tcc_dtype_t dt, tcc_redop_t op) {
   if ((unsigned)op < TCC_REDOP_COUNT && tcc_redop_supported(dt, op) == TCC_OK) return TCC_OK;
-  return tcc__reject(comm, TCC_ERR_UNSUPPORTED, "tccomm %s on '%s': reduce op %s is not supported for %s", what,
+  return tcc__fail(TCC_ERR_UNSUPPORTED, "tccomm %s on '%s': reduce op %s is not supported for %s", what,
                 comm->name, tcc_redop_name(op), tcc_dtype_name(dt));
 }
 
@@ -128,7 +128,7 @@ static tcc_result_t submit_op(tcc_comm_t *comm, tcc_op_t *op, tcc_buf_t where, t
   tcc_result_t r = op->exec->submit(comm, op, where.stream, &err);
   if (r != TCC_OK) {
     tcc_op_release(op);
-    return tcc__reject(comm, r, "%s", err.msg);
+    return tcc__fail_with(&err, r);
   }
   *out = op;
   return TCC_OK;
@@ -140,13 +140,13 @@ static tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc
                                 const tcc_buf_t *sends, const tcc_buf_t *recvs, tcc_buf_t where,
                                 tcc_op_t **out) {
   tcc_op_t *op = op_alloc(comm, TCC_OP_COLL, opts);
-  if (!op) return tcc__reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  if (!op) return tcc__fail(TCC_ERR_SYSTEM, "tccomm: out of memory");
   op->coll = *c;
   op->coll.premul = opts ? opts->premul_factor : 1.0;
   op->coll.sends = op->coll.recvs = NULL;
   if ((sends || recvs) && own_arrays(op, comm->size, sends, recvs) != 0) {
     tcc_op_release(op);
-    return tcc__reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
+    return tcc__fail(TCC_ERR_SYSTEM, "tccomm: out of memory");
   }
   if (!sends) op->coll.sends = NULL;
   if (!recvs) op->coll.recvs = NULL;
@@ -202,7 +202,7 @@ tcc_result_t tcc_reduce(tcc_comm_t *comm, tcc_buf_t send, tcc_buf_t recv, tcc_re
 static tcc_result_t check_uniform(tcc_comm_t *comm, const char *w, const char *role,
                                   const tcc_buf_t *bufs, tcc_buf_t like) {
   if (!bufs)
-    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': the %s list is missing", w, comm->name, role);
+    return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': the %s list is missing", w, comm->name, role);
   for (int j = 0; j < comm->size; j++) {
     char name[64];
     snprintf(name, sizeof name, "%s[%d]", role, j);
@@ -267,7 +267,7 @@ tcc_result_t tcc_alltoall(tcc_comm_t *comm, const tcc_buf_t *sends, const tcc_bu
   const char *w = tcc_coll_name(TCC_COLL_ALLTOALL);
   TRY(check_usable(comm, w));
   if (!sends || !recvs)
-    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s': the input and output lists are required", w,
+    return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': the input and output lists are required", w,
                   comm->name);
   for (int j = 0; j < comm->size; j++) {
     TRY(check_buf_on(comm, w, "input", sends[j], sends[0].device));
@@ -276,7 +276,7 @@ tcc_result_t tcc_alltoall(tcc_comm_t *comm, const tcc_buf_t *sends, const tcc_bu
     TRY(check_same_dtype(comm, w, sends[0], recvs[j]));
   }
   if (sends[comm->rank].count != recvs[comm->rank].count)
-    return tcc__reject(comm, TCC_ERR_INVALID,
+    return tcc__fail(TCC_ERR_INVALID,
                   "tccomm %s on '%s': rank %d sends %zu elements to itself but expects %zu", w,
                   comm->name, comm->rank, sends[comm->rank].count, recvs[comm->rank].count);
   tcc_coll_t c = {.kind = TCC_COLL_ALLTOALL, .dtype = sends[0].dtype};
@@ -297,15 +297,15 @@ static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int
   TRY(check_buf(comm, w, "the", buf));
   const int any = kind == TCC_OP_RECV && peer == TCC_ANY_SOURCE;
   if (!any && (peer < 0 || peer >= comm->size || peer == comm->rank))
-    return tcc__reject(comm, TCC_ERR_INVALID, "tccomm %s on '%s' (rank %d): peer rank %d is invalid (%s)", w,
+    return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s' (rank %d): peer rank %d is invalid (%s)", w,
                   comm->name, comm->rank, peer,
                   peer == comm->rank ? "it is this rank" : "out of range");
   if (any && buf.device >= 0)
-    return tcc__reject(comm, TCC_ERR_UNSUPPORTED,
+    return tcc__fail(TCC_ERR_UNSUPPORTED,
                   "tccomm recv on '%s' (rank %d): receiving from any source needs host memory", comm->name,
                   comm->rank);
   tcc_op_t *op = op_alloc(comm, kind, opts);
-  if (!op) return tcc__reject(comm, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  if (!op) return tcc__fail(TCC_ERR_SYSTEM, "tccomm: out of memory");
   op->peer = peer;
   op->source = peer;
   op->tag = tag;

@@ -121,6 +121,24 @@ tcc_result_t tcc_redop_supported(tcc_dtype_t dt, tcc_redop_t op) {
 
 /* ---- errors --------------------------------------------------------------- */
 
+/* Synchronous causes: one message per thread, so concurrent calls on one
+ * communicator from several threads never overwrite each other's. */
+static _Thread_local char last_error[TCC_ERRLEN];
+
+const char *tcc_last_error(void) { return last_error; }
+
+tcc_result_t tcc__fail(tcc_result_t code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+tcc_result_t tcc__fail_with(const tcc_err_t *err, tcc_result_t code) {
+  return tcc__fail(code, "%s", err->msg[0] ? err->msg : tcc_result_string(code));
+}
+
 tcc_result_t tcc_err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ...) {
   /* The first failure is the cause; later ones are usually its echoes. */
   if (err == NULL || err->code != TCC_OK || code == TCC_OK) return code;

@@ -16,12 +16,11 @@
 int tcc_cuda_built(void) { return 1; }
 int tcc_nccl_header_version(void) { return NCCL_VERSION_CODE; }
 
-tcc_result_t tcc_nccl_runtime_version(int *version, char *errbuf, size_t errlen) {
+tcc_result_t tcc_nccl_runtime_version(int *version) {
   tcc_err_t err = {TCC_OK, {0}};
   const tcc_nccl_lib_t *lib = tcc_nccl_lib(&err);
   *version = lib ? lib->version : 0;
-  if (!lib && errbuf && errlen) snprintf(errbuf, errlen, "%s", err.msg);
-  return lib ? TCC_OK : err.code;
+  return lib ? TCC_OK : tcc__fail_with(&err, err.code);
 }
 
 cudaError_t tcc_cuda_enter_device(int device, int *prev) {
@@ -51,7 +50,7 @@ static tcc_result_t share_unique_id(tcc_comm_t *comm, const tcc_nccl_lib_t *lib,
   tcc_result_t r = tcc_broadcast(comm, b, 0, NULL, &op);
   if (r != TCC_OK)
     return tcc_err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL unique id failed: %s", comm->name,
-                       comm->rank, tcc_comm_last_error(comm));
+                       comm->rank, tcc_last_error());
   r = tcc_op_wait(op, -1);
   if (r != TCC_OK)
     tcc_err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL unique id failed: %s", comm->name, comm->rank,
@@ -157,8 +156,7 @@ tcc_result_t tcc_comm_cuda_init(tcc_comm_t *comm, int device) {
   pthread_mutex_lock(&nccl_comm_of(comm)->lock);
   struct tcc_cuda *c = tcc_cuda_state_for(comm, device, "cuda_init", &err);
   pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
-  if (!c) snprintf(comm->last_error, sizeof comm->last_error, "%s", err.msg);
-  return c ? TCC_OK : err.code;
+  return c ? TCC_OK : tcc__fail_with(&err, err.code);
 }
 
 int tcc_comm_cuda_device(const tcc_comm_t *comm) {

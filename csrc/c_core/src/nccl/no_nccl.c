@@ -11,16 +11,14 @@
 int tcc_cuda_built(void) { return 0; }
 int tcc_nccl_header_version(void) { return 0; }
 
-tcc_result_t tcc_nccl_runtime_version(int *version, char *errbuf, size_t errlen) {
+tcc_result_t tcc_nccl_runtime_version(int *version) {
   *version = 0;
-  if (errbuf && errlen) snprintf(errbuf, errlen, "tccomm was built without CUDA");
-  return TCC_ERR_UNSUPPORTED;
+  return tcc__fail(TCC_ERR_UNSUPPORTED, "tccomm was built without CUDA");
 }
 
 tcc_result_t tcc_comm_cuda_init(tcc_comm_t *comm, int device) {
-  snprintf(comm->last_error, sizeof comm->last_error,
-           "tccomm '%s': cannot use CUDA device %d: tccomm was built without CUDA", comm->name, device);
-  return TCC_ERR_UNSUPPORTED;
+  return tcc__fail(TCC_ERR_UNSUPPORTED, "tccomm '%s': cannot use CUDA device %d: tccomm was built without CUDA",
+                   comm->name, device);
 }
 
 int tcc_comm_cuda_device(const tcc_comm_t *comm) {

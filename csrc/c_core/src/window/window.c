@@ -39,23 +39,13 @@ _Static_assert(sizeof(win_header_t) <= WIN_HEADER_BYTES, "the header must fit th
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-static tcc_result_t win_fail(tcc_window_t *win, tcc_result_t code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static tcc_result_t win_fail(tcc_window_t *win, tcc_result_t code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(win->last_error, sizeof win->last_error, fmt, ap);
-  va_end(ap);
-  return code;
-}
-
 static win_ctrl_t *ctrl_of(const tcc_window_t *win, int r) {
   return (win_ctrl_t *)(win->base + WIN_HEADER_BYTES + (size_t)r * win->ctrl_stride);
 }
 
 /* Waits for a collective of `comm` just issued (r: the result of issuing it). */
-static tcc_result_t wait_coll(tcc_comm_t *comm, tcc_result_t r, tcc_op_t *op, tcc_err_t *err) {
-  if (r != TCC_OK) return tcc_err_set(err, r, "%s", tcc_comm_last_error(comm));
+static tcc_result_t wait_coll(tcc_result_t r, tcc_op_t *op, tcc_err_t *err) {
+  if (r != TCC_OK) return tcc_err_set(err, r, "%s", tcc_last_error());
   r = tcc_op_wait(op, -1);
   if (r != TCC_OK) tcc_err_set(err, r, "%s", tcc_op_error(op));
   tcc_op_release(op);
@@ -79,7 +69,7 @@ static tcc_result_t exchange_hellos(tcc_comm_t *comm, size_t bytes, int64_t time
   tcc_op_t *op = NULL;
   tcc_result_t r = tcc_allgather(comm, (tcc_buf_t){&mine, sizeof mine, TCC_UINT8, -1, NULL}, recvs, &opts, &op);
   free(recvs);
-  return wait_coll(comm, r, op, err);
+  return wait_coll(r, op, err);
 }
 
 static void window_free(tcc_window_t *win) {
@@ -162,8 +152,7 @@ tcc_result_t tcc_window_check_hellos(const tcc_window_t *win, const win_hello_t 
   return TCC_OK;
 }
 
-tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_ms, tcc_window_t **out,
-                               char *errbuf, size_t errlen) {
+tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_ms, tcc_window_t **out) {
   tcc_err_t err = {TCC_OK, ""};
   tcc_window_t *win = NULL;
   win_hello_t *hellos = NULL;
@@ -232,13 +221,11 @@ fail:
   if (seg_fd >= 0) tcc_fd_close(seg_fd);
   window_free(win);
   free(hellos);
-  if (errbuf && errlen) snprintf(errbuf, errlen, "%s", err.msg);
-  return err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM;
+  return tcc__fail_with(&err, err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM);
 }
 
 int tcc_window_rank(const tcc_window_t *win) { return win->rank; }
 int tcc_window_size(const tcc_window_t *win) { return win->size; }
-const char *tcc_window_last_error(const tcc_window_t *win) { return win->last_error; }
 
 void *tcc_window_buffer(tcc_window_t *win, int rank, size_t *bytes) {
   if (rank < 0 || rank >= win->size) {
@@ -251,7 +238,7 @@ void *tcc_window_buffer(tcc_window_t *win, int rank, size_t *bytes) {
 
 static tcc_result_t check_peer(tcc_window_t *win, const char *what, const char *role, int peer) {
   if (peer >= 0 && peer < win->size) return TCC_OK;
-  return win_fail(win, TCC_ERR_INVALID, "tccomm window %s on '%s' (rank %d): %s rank %d is out of range [0, %d)",
+  return tcc__fail(TCC_ERR_INVALID, "tccomm window %s on '%s' (rank %d): %s rank %d is out of range [0, %d)",
                   what, win->name, win->rank, role, peer, win->size);
 }
 
@@ -261,12 +248,12 @@ tcc_result_t tcc_window_put(tcc_window_t *win, const void *src, size_t bytes, in
   const size_t cap = win->bytes[dst_rank];
   /* Written so that offset + bytes cannot overflow. */
   if (offset > cap || bytes > cap - offset)
-    return win_fail(win, TCC_ERR_INVALID,
+    return tcc__fail(TCC_ERR_INVALID,
                     "tccomm window put on '%s' (rank %d): %zu bytes at offset %zu do not fit the %zu-byte buffer "
                     "of rank %d",
                     win->name, win->rank, bytes, offset, cap, dst_rank);
   if (bytes == 0) return TCC_OK;
-  if (!src) return win_fail(win, TCC_ERR_INVALID, "tccomm window put on '%s': no source buffer", win->name);
+  if (!src) return tcc__fail(TCC_ERR_INVALID, "tccomm window put on '%s': no source buffer", win->name);
   memcpy(win->base + win->off[dst_rank] + offset, src, bytes);
   return TCC_OK;
 }
@@ -304,7 +291,7 @@ tcc_result_t tcc_window_wait_signal(tcc_window_t *win, int peer, int64_t timeout
                               .deadline_ns = tcc_deadline_after_ms(timeout_ms), .word = &c->futex,
                               .sleepers = &c->sleepers};
   if (tcc__idle_wait(&w) != TCC_OK)
-    return win_fail(win, TCC_ERR_TIMEOUT,
+    return tcc__fail(TCC_ERR_TIMEOUT,
                     "tccomm window wait_signal on '%s' (rank %d): timed out after %lld ms waiting for signal #%llu "
                     "from rank %d",
                     win->name, win->rank, (long long)timeout_ms, (unsigned long long)s.want, peer);

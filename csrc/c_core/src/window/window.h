@@ -44,7 +44,6 @@ struct tcc_window {
   size_t *off;          /* size entries: data offset of each rank */
   size_t *bytes;        /* size entries: data bytes of each rank */
   uint64_t *consumed;   /* size entries: signals consumed from each peer */
-  char last_error[TCC_ERRLEN];
 };
 
 /* Every rank, after the allgather: refuses the window when any rank

@@ -22,9 +22,8 @@ int main(void) {
   CHECK(tcc_cuda_built() == 1, "built with the NCCL executor");
   CHECK(tcc_nccl_header_version() >= 20700, "header version %d", tcc_nccl_header_version());
   int v = 0;
-  char err[512] = {0};
-  tcc_result_t r = tcc_nccl_runtime_version(&v, err, sizeof err);
-  CHECK(r == TCC_OK && v >= 20700, "loading NCCL: %s (version %d)", err, v);
+  tcc_result_t r = tcc_nccl_runtime_version(&v);
+  CHECK(r == TCC_OK && v >= 20700, "loading NCCL: %s (version %d)", tcc_last_error(), v);
   printf("NCCL %d (header %d)\n", v, tcc_nccl_header_version());
 
   tcc_comm_t *comm = one_rank_comm("cuda-nogpu");
@@ -34,21 +33,21 @@ int main(void) {
   tcc_op_t *op = NULL;
   /* Mixing host and CUDA buffers is refused before anything else. */
   r = tcc_allreduce(comm, buf(host, 4, -1), buf(host, 4, 0), TCC_SUM, NULL, &op);
-  CHECK(r == TCC_ERR_INVALID && strstr(tcc_comm_last_error(comm), "mixes host memory and CUDA device 0"),
-        "mixed: %s", tcc_comm_last_error(comm));
+  CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), "mixes host memory and CUDA device 0"),
+        "mixed: %s", tcc_last_error());
   r = tcc_allreduce(comm, buf(host, 4, 0), buf(host, 4, 1), TCC_SUM, NULL, &op);
-  CHECK(r == TCC_ERR_INVALID && strstr(tcc_comm_last_error(comm), "CUDA device 0 and CUDA device 1"),
-        "two devices: %s", tcc_comm_last_error(comm));
+  CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), "CUDA device 0 and CUDA device 1"),
+        "two devices: %s", tcc_last_error());
 
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     /* No GPU: the first CUDA op (which would create the NCCL communicator) says so. */
     r = tcc_allreduce(comm, buf(host, 4, 0), buf(host, 4, 0), TCC_SUM, NULL, &op);
-    const char *msg = tcc_comm_last_error(comm);
+    const char *msg = tcc_last_error();
     CHECK(r == TCC_ERR_UNSUPPORTED && strstr(msg, "no usable CUDA device") && strstr(msg, "cuda-nogpu"),
           "CUDA op without a GPU: %s (%s)", msg, tcc_result_string(r));
     CHECK(tcc_comm_cuda_init(comm, 0) == TCC_ERR_UNSUPPORTED, "eager init without a GPU must fail");
-    CHECK(strstr(tcc_comm_last_error(comm), "no usable CUDA device"), "%s", tcc_comm_last_error(comm));
+    CHECK(strstr(tcc_last_error(), "no usable CUDA device"), "%s", tcc_last_error());
     CHECK(tcc_comm_cuda_device(comm) == -1, "no CUDA state after a failed init");
   } else {
     printf("a GPU is present: the no-GPU checks are skipped\n");
@@ -56,7 +55,7 @@ int main(void) {
   /* The host path is unaffected. */
   r = tcc_allreduce(comm, buf(host, 4, -1), buf(host, 4, -1), TCC_SUM, NULL, &op);
   CHECK(r == TCC_OK && tcc_op_wait(op, -1) == TCC_OK, "host allreduce after CUDA refusals: %s",
-        tcc_comm_last_error(comm));
+        tcc_last_error());
   if (r == TCC_OK) tcc_op_release(op);
   CHECK(tcc_comm_status(comm) == TCC_OK, "refusals must not fail the communicator");
   tcc_comm_destroy(comm);

@@ -27,20 +27,15 @@
 /* ---- endpoint --------------------------------------------------------- */
 
 tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep_out,
-                               uint8_t blob_out[TCC_ENDPOINT_BLOB_SIZE], char *err,
-                               size_t errlen) {
+                               uint8_t blob_out[TCC_ENDPOINT_BLOB_SIZE]) {
   *ep_out = NULL;
   const char *addr = advertise_addr && *advertise_addr ? advertise_addr : "127.0.0.1";
   struct in_addr advertised;
   if (inet_pton(AF_INET, addr, &advertised) != 1) {
-    snprintf(err, errlen, "tcc_endpoint_open: '%s' is not an IPv4 address", addr);
-    return TCC_ERR_INVALID;
+    return tcc__fail(TCC_ERR_INVALID, "tcc_endpoint_open: '%s' is not an IPv4 address", addr);
   }
   tcc_endpoint_t *ep = calloc(1, sizeof(*ep));
-  if (!ep) {
-    snprintf(err, errlen, "tcc_endpoint_open: out of memory");
-    return TCC_ERR_SYSTEM;
-  }
+  if (!ep) return tcc__fail(TCC_ERR_SYSTEM, "tcc_endpoint_open: out of memory");
   const char *what = "socket";
   int one = 1;
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
@@ -70,11 +65,11 @@ tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep_o
   *ep_out = ep;
   return TCC_OK;
 
-sys_fail:
-  snprintf(err, errlen, "tcc_endpoint_open: %s failed: %s", what, strerror(errno));
+sys_fail:;
+  const int errnum = errno;
   if (ep->listen_fd >= 0) close(ep->listen_fd);
   free(ep);
-  return TCC_ERR_SYSTEM;
+  return tcc__fail(TCC_ERR_SYSTEM, "tcc_endpoint_open: %s failed: %s", what, strerror(errnum));
 }
 
 void tcc_endpoint_close(tcc_endpoint_t *ep) {
