@@ -472,7 +472,7 @@ static const reduce_kernel_fn *choose_kernels(void) {
 /* Chosen on first use; a race only makes two threads compute the same answer. */
 static _Atomic(const reduce_kernel_fn *) active_kernels;
 
-void tcc_reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count,
+void tcc__reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count,
                   tcc_dtype_t dtype, tcc_redop_t op, double premul) {
   if (count == 0 || nsrc <= 0) return;
   /* The caller checked this; checking again keeps a bad enum from indexing

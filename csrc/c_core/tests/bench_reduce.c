@@ -1,5 +1,5 @@
 /*
- * bench_reduce.c - throughput of tcc_reduce_n (SUM, out of place) at
+ * bench_reduce.c - throughput of tcc__reduce_n (SUM, out of place) at
  * 4 MiB per source, next to memcpy of 4 MiB.
  *
  * "traffic GB/s" counts every byte read and written (nsrc + 1 buffers for
@@ -29,12 +29,12 @@ static double time_reduce(tcc_dtype_t dt, int nsrc, int use_memcpy) {
   double best = 1e30;
   for (int round = 0; round < ROUNDS; round++) {
     long calls = 0;
-    int64_t start = tcc_now_ns(), elapsed;
+    int64_t start = tcc__now_ns(), elapsed;
     do {
       if (use_memcpy) memcpy(dst, srcs[0], BYTES_PER_SOURCE);
-      else tcc_reduce_n(dst, srcs, nsrc, count, dt, TCC_SUM, 1.0);
+      else tcc__reduce_n(dst, srcs, nsrc, count, dt, TCC_SUM, 1.0);
       calls++;
-      elapsed = tcc_now_ns() - start;
+      elapsed = tcc__now_ns() - start;
     } while (elapsed < MIN_ROUND_NS);
     double per_call = (double)elapsed * 1e-9 / (double)calls;
     if (per_call < best) best = per_call;
@@ -58,7 +58,7 @@ int main(void) {
       words[i] = (uint16_t)(0x3C00 + ((i * 7 + (size_t)b) & 0x3FF));
   }
   const char *isa = getenv("TCCOMM_REDUCE_ISA");
-  printf("tcc_reduce_n SUM, %u MiB per source, kernels=%s\n", BYTES_PER_SOURCE >> 20,
+  printf("tcc__reduce_n SUM, %u MiB per source, kernels=%s\n", BYTES_PER_SOURCE >> 20,
          isa ? isa : "auto");
   printf("%-9s %4s %10s %13s %11s\n", "dtype", "nsrc", "us/call", "traffic GB/s", "input GB/s");
   report("memcpy", 1, 2, time_reduce(TCC_FLOAT32, 1, 1));

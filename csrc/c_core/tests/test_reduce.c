@@ -1,5 +1,5 @@
 /*
- * test_reduce.c - tcc_reduce_n against a straightforward reference, plus
+ * test_reduce.c - tcc__reduce_n against a straightforward reference, plus
  * the support matrix and the enum names.
  *
  * The reference decodes every element into double / int64 with code that
@@ -324,7 +324,7 @@ static void run_case(tcc_dtype_t dt, tcc_redop_t op, int nsrc, size_t count, int
       break;
   }
 
-  tcc_reduce_n(dst, srcs, nsrc, count, dt, op, premul);
+  tcc__reduce_n(dst, srcs, nsrc, count, dt, op, premul);
   cases_run++;
 
   long bad = 0;
@@ -402,7 +402,7 @@ static void reduce_spread(tcc_dtype_t dt, tcc_redop_t op, int nsrc, const void *
     srcs[s] = bufs[s];
   }
   unsigned char *dst = malloc(SPREAD * esize);
-  tcc_reduce_n(dst, srcs, nsrc, SPREAD, dt, op, premul);
+  tcc__reduce_n(dst, srcs, nsrc, SPREAD, dt, op, premul);
   int uniform = 1;
   for (size_t i = 1; i < SPREAD; i++) uniform &= memcmp(dst, dst + i * esize, esize) == 0;
   CHECK(uniform, "%s %s: elements of identical inputs differ", tcc_dtype_name(dt),
@@ -517,7 +517,7 @@ static void test_conversion_sweep(void) {
   for (unsigned i = 0; i < 65536; i++) all[i] = (uint16_t)i;
   const void *srcs[1] = {all};
   for (int dt = TCC_FLOAT16; dt <= TCC_BFLOAT16; dt++) {
-    tcc_reduce_n(out, srcs, 1, 65536, (tcc_dtype_t)dt, TCC_SUM, 0);
+    tcc__reduce_n(out, srcs, 1, 65536, (tcc_dtype_t)dt, TCC_SUM, 0);
     long bad = 0;
     for (unsigned i = 0; i < 65536; i++) {
       double in = float_elem((tcc_dtype_t)dt, all, i);
@@ -534,7 +534,7 @@ static void test_conversion_sweep(void) {
     float factor;
     memcpy(&factor, &factor_bits, sizeof factor);
     for (int dt = TCC_FLOAT16; dt <= TCC_BFLOAT16; dt++) {
-      tcc_reduce_n(out, srcs, 1, 4099, (tcc_dtype_t)dt, TCC_PREMUL_SUM, factor);
+      tcc__reduce_n(out, srcs, 1, 4099, (tcc_dtype_t)dt, TCC_PREMUL_SUM, factor);
       long bad = 0;
       for (unsigned i = 0; i < 4099 && bad < 3; i++) {
         double want = ref_float((tcc_dtype_t)dt, srcs, 1, i, TCC_PREMUL_SUM, factor);
@@ -600,7 +600,7 @@ static void test_bool_semantics(void) {
   const void *srcs[2] = {a, b};
   for (size_t t = 0; t < sizeof table / sizeof table[0]; t++) {
     uint8_t out[5];
-    tcc_reduce_n(out, srcs, 2, 5, TCC_BOOL, table[t].op, 0);
+    tcc__reduce_n(out, srcs, 2, 5, TCC_BOOL, table[t].op, 0);
     CHECK(memcmp(out, table[t].want, 5) == 0, "bool %s: %d%d%d%d%d", tcc_redop_name(table[t].op),
           out[0], out[1], out[2], out[3], out[4]);
   }
@@ -609,16 +609,16 @@ static void test_bool_semantics(void) {
 static void test_empty_and_unsupported(void) {
   /* Zero elements: no pointer is touched, NULL ones included. */
   const void *null_srcs[2] = {NULL, NULL};
-  tcc_reduce_n(NULL, null_srcs, 2, 0, TCC_FLOAT32, TCC_SUM, 0);
-  tcc_reduce_n(NULL, null_srcs, 2, 0, TCC_BFLOAT16, TCC_MAX, 0);
+  tcc__reduce_n(NULL, null_srcs, 2, 0, TCC_FLOAT32, TCC_SUM, 0);
+  tcc__reduce_n(NULL, null_srcs, 2, 0, TCC_BFLOAT16, TCC_MAX, 0);
   /* Combinations the caller should have rejected leave dst alone. */
   float dst = 7, one = 1;
   const void *one_src[1] = {&one};
-  tcc_reduce_n(&dst, one_src, 1, 1, TCC_FLOAT32, TCC_BXOR, 0);
+  tcc__reduce_n(&dst, one_src, 1, 1, TCC_FLOAT32, TCC_BXOR, 0);
   CHECK(dst == 7, "float32 bxor wrote %g", dst);
-  tcc_reduce_n(&dst, one_src, 1, 1, (tcc_dtype_t)99, TCC_SUM, 0);
+  tcc__reduce_n(&dst, one_src, 1, 1, (tcc_dtype_t)99, TCC_SUM, 0);
   CHECK(dst == 7, "dtype 99 wrote %g", dst);
-  tcc_reduce_n(&dst, one_src, 0, 1, TCC_FLOAT32, TCC_SUM, 0);
+  tcc__reduce_n(&dst, one_src, 0, 1, TCC_FLOAT32, TCC_SUM, 0);
   CHECK(dst == 7, "nsrc 0 wrote %g", dst);
 }
 

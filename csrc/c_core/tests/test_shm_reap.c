@@ -40,8 +40,8 @@
 
 static void fresh_id(const char *kind, tcc_segment_id_t *id) {
   uint8_t token[TCC_TOKEN_BYTES];
-  CHECK(tcc_random_bytes(token, sizeof token) == TCC_OK, "random token");
-  tcc_segment_id(kind, token, id);
+  CHECK(tcc__random_bytes(token, sizeof token) == TCC_OK, "random token");
+  tcc__segment_id(kind, token, id);
 }
 
 static int name_exists(const char *name) {
@@ -75,11 +75,11 @@ static pid_t child_creates(const tcc_segment_id_t *id, size_t pages, int stay) {
     tcc_err_t err = {TCC_OK, ""};
     void *base = NULL;
     int fd = -1;
-    if (tcc_segment_create(id, pages * 4096, 2, "tccomm 'reap-test' (rank 0)", &base, &fd, &err) != TCC_OK) {
+    if (tcc__segment_create(id, pages * 4096, 2, "tccomm 'reap-test' (rank 0)", &base, &fd, &err) != TCC_OK) {
       fprintf(stderr, "create: %s\n", err.msg);
       _exit(2);
     }
-    tcc_segment_publish(base);
+    tcc__segment_publish(base);
     char c = 1;
     if (write(ready[1], &c, 1) != 1) _exit(2);
     if (stay) pause();
@@ -282,15 +282,15 @@ static void waiting_rank(const tcc_segment_id_t *id, int rank, int n, outcome_t 
   void *base = NULL;
   size_t bytes = 0;
   int fd = -1, got = 0;
-  const int64_t deadline = tcc_deadline_after_ms(60000);
+  const int64_t deadline = tcc__deadline_after_ms(60000);
   atomic_fetch_add(&o->waiting, 1);
-  tcc_result_t r = tcc_segment_open(id, rank, n, deadline, who, &base, &bytes, &fd, &err);
+  tcc_result_t r = tcc__segment_open(id, rank, n, deadline, who, &base, &bytes, &fd, &err);
   if (r == TCC_OK) {
-    r = tcc_segment_attach(base, fd, id, rank, n, deadline, who, &got, &err);
+    r = tcc__segment_attach(base, fd, id, rank, n, deadline, who, &got, &err);
     munmap(base, bytes);
-    tcc_fd_close(fd);
+    tcc__fd_close(fd);
   }
-  o->rank[rank].done_ns = tcc_now_ns();
+  o->rank[rank].done_ns = tcc__now_ns();
   o->rank[rank].r = r;
   snprintf(o->rank[rank].msg, sizeof o->rank[rank].msg, "%s", err.msg);
 }
@@ -320,7 +320,7 @@ static void check_nothing_left(const char *what, const tcc_segment_id_t *id, int
 }
 
 static void kill_rank0(pid_t pid, outcome_t *o, int waiting) {
-  const int64_t now = tcc_now_ns();
+  const int64_t now = tcc__now_ns();
   for (int r = 1; r <= waiting; r++) o->rank[r].since_ns = now;
   kill(pid, SIGKILL);
 }
@@ -343,8 +343,8 @@ static void rank0_killed(int published) {
     tcc_err_t err = {TCC_OK, ""};
     void *base = NULL;
     int fd = -1;
-    if (tcc_segment_create(&id, 64 * 4096, 4, "tccomm 'reap-test' (rank 0)", &base, &fd, &err) != TCC_OK) _exit(2);
-    if (published) tcc_segment_publish(base);
+    if (tcc__segment_create(&id, 64 * 4096, 4, "tccomm 'reap-test' (rank 0)", &base, &fd, &err) != TCC_OK) _exit(2);
+    if (published) tcc__segment_publish(base);
     char c = 1;
     if (write(ready[1], &c, 1) != 1) _exit(2);
     pause();
@@ -357,7 +357,7 @@ static void rank0_killed(int published) {
   for (int r = 1; r < 4; r++) {
     if (r == 3) { /* the late one */
       for (int w = 0; w < 3; w++) waitpid(pids[w], NULL, 0);
-      o->rank[r].since_ns = tcc_now_ns();
+      o->rank[r].since_ns = tcc__now_ns();
     }
     pids[r] = fork();
     if (pids[r] == 0) {
@@ -388,7 +388,7 @@ static void rank0_killed_in_group(void) {
   tcc_blob_t b0;
   memcpy(&b0, blobs, sizeof b0);
   tcc_segment_id_t id;
-  tcc_segment_id("", b0.token, &id);
+  tcc__segment_id("", b0.token, &id);
   outcome_t *o = shared_outcome();
   fflush(stdout);
   pid_t pids[3];
@@ -400,7 +400,7 @@ static void rank0_killed_in_group(void) {
       kill_rank0(pids[0], o, 1);
       waitpid(pids[0], NULL, 0);
       waitpid(pids[1], NULL, 0);
-      o->rank[r].since_ns = tcc_now_ns();
+      o->rank[r].since_ns = tcc__now_ns();
     }
     pids[r] = fork();
     if (pids[r] != 0) continue;
@@ -409,7 +409,7 @@ static void rank0_killed_in_group(void) {
     atomic_fetch_add(&o->waiting, 1);
     tcc_result_t res = tcc_comm_create(&cfg, ep[r], blobs, &comm);
     snprintf(o->rank[r].msg, sizeof o->rank[r].msg, "%s", tcc_last_error());
-    o->rank[r].done_ns = tcc_now_ns();
+    o->rank[r].done_ns = tcc__now_ns();
     o->rank[r].r = res;
     _exit(0);
   }

@@ -40,12 +40,12 @@
 
 static const char *WHO = "tccomm 'seg-test' (rank 1)";
 
-static double now_s(void) { return (double)tcc_now_ns() * 1e-9; }
+static double now_s(void) { return (double)tcc__now_ns() * 1e-9; }
 
 static void fresh_id(const char *kind, tcc_segment_id_t *id) {
   uint8_t token[TCC_TOKEN_BYTES];
-  CHECK(tcc_random_bytes(token, sizeof token) == TCC_OK, "random token");
-  tcc_segment_id(kind, token, id);
+  CHECK(tcc__random_bytes(token, sizeof token) == TCC_OK, "random token");
+  tcc__segment_id(kind, token, id);
 }
 
 static int name_exists(const char *name) {
@@ -72,7 +72,7 @@ static tcc_result_t open_rank1(const tcc_segment_id_t *id, int64_t budget_ms, ch
   void *base = NULL;
   size_t bytes = 0;
   double t0 = now_s();
-  tcc_result_t r = tcc_segment_open(id, 1, 2, tcc_deadline_after_ms(budget_ms), WHO, &base, &bytes, NULL, &err);
+  tcc_result_t r = tcc__segment_open(id, 1, 2, tcc__deadline_after_ms(budget_ms), WHO, &base, &bytes, NULL, &err);
   *secs = now_s() - t0;
   snprintf(msg, TCC_ERRLEN, "%s", err.msg);
   if (r == TCC_OK) munmap(base, bytes);
@@ -93,24 +93,24 @@ static void expect_refusal(const char *what, const tcc_segment_id_t *id, tcc_res
 
 /* A real segment of `bytes`, created and published as rank 0 of 2.
  * *creator: the creating descriptor, whose lock tells the other ranks that
- * rank 0 lives; close it (tcc_fd_close) when done. */
+ * rank 0 lives; close it (tcc__fd_close) when done. */
 static void *real_segment(const tcc_segment_id_t *id, size_t bytes, int *creator) {
   tcc_err_t err = {TCC_OK, ""};
   void *base = NULL;
   *creator = -1;
-  tcc_result_t r = tcc_segment_create(id, bytes, 2, "tccomm 'seg-test' (rank 0)", &base, creator, &err);
+  tcc_result_t r = tcc__segment_create(id, bytes, 2, "tccomm 'seg-test' (rank 0)", &base, creator, &err);
   CHECK(r == TCC_OK, "create: %s", err.msg);
   if (r != TCC_OK) return NULL;
-  tcc_segment_publish(base);
+  tcc__segment_publish(base);
   return base;
 }
 
 static void test_names(void) {
   uint8_t token[TCC_TOKEN_BYTES] = {0xde, 0xad, 0xbe, 0xef};
   tcc_segment_id_t a, b, c;
-  tcc_segment_id("", token, &a);
-  tcc_segment_id("", token, &b);
-  tcc_segment_id("win-", token, &c);
+  tcc__segment_id("", token, &a);
+  tcc__segment_id("", token, &b);
+  tcc__segment_id("win-", token, &c);
   CHECK(strcmp(a.name, b.name) == 0 && memcmp(a.secret, b.secret, sizeof a.secret) == 0, "deterministic");
   CHECK(strncmp(a.name, "/tccomm-", 8) == 0 && strlen(a.name) == 8 + 32, "name %s", a.name);
   CHECK(strncmp(c.name, "/tccomm-win-", 12) == 0, "window name %s", c.name);
@@ -132,7 +132,7 @@ static void test_round_trip(void) {
   char *peer = NULL;
   size_t bytes = 0;
   tcc_result_t r =
-      tcc_segment_open(&id, 1, 2, tcc_deadline_after_ms(5000), WHO, (void **)&peer, &bytes, NULL, &err);
+      tcc__segment_open(&id, 1, 2, tcc__deadline_after_ms(5000), WHO, (void **)&peer, &bytes, NULL, &err);
   CHECK(r == TCC_OK && bytes == 3 * 4096 && strcmp(peer + 5000, "hello") == 0, "open: %s", err.msg);
   /* A forked child (a DataLoader worker, say) does not inherit either
    * mapping: msync reports the range as unmapped there. */
@@ -145,7 +145,7 @@ static void test_round_trip(void) {
   if (r == TCC_OK) munmap(peer, bytes);
   munmap(base, 3 * 4096);
   shm_unlink(id.name);
-  tcc_fd_close(creator);
+  tcc__fd_close(creator);
 }
 
 static void test_planted_objects(void) {
@@ -193,7 +193,7 @@ static void test_planted_objects(void) {
   if (fd >= 0) close(fd);
   if (base) munmap(base, 2 * 4096);
   shm_unlink(id.name);
-  tcc_fd_close(creator);
+  tcc__fd_close(creator);
 
   /* An empty object that never becomes a segment: a timeout, on time. */
   fresh_id("", &id);
@@ -243,7 +243,7 @@ static void transport_case(const char *what, corrupt_fn corrupt, const char *phr
   tcc_blob_t b0;
   memcpy(&b0, blobs, sizeof b0);
   tcc_segment_id_t id;
-  tcc_segment_id("", b0.token, &id);
+  tcc__segment_id("", b0.token, &id);
   fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
@@ -259,7 +259,7 @@ static void transport_case(const char *what, corrupt_fn corrupt, const char *phr
   tcc_err_t e = {TCC_OK, ""};
   shm_header_t *h = NULL;
   size_t bytes = 0;
-  tcc_result_t r = tcc_segment_open(&id, 1, 2, tcc_deadline_after_ms(10000), WHO, (void **)&h, &bytes, NULL, &e);
+  tcc_result_t r = tcc__segment_open(&id, 1, 2, tcc__deadline_after_ms(10000), WHO, (void **)&h, &bytes, NULL, &e);
   CHECK(r == TCC_OK, "%s: rank 0's segment: %s", what, e.msg);
   if (r == TCC_OK) corrupt(h);
   setenv("TCCOMM_SHM_WINDOW_BYTES", "1048576", 1);

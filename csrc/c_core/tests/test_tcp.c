@@ -3,7 +3,7 @@
  *
  * Each group forks N processes (N = 1..4) that open endpoints, swap blobs
  * through shared memory mapped before the fork, build a bare tcc_comm by
- * hand, connect with tcc_tcp_setup and run collectives with tcc__coll_run
+ * hand, connect with tcc__tcp_setup and run collectives with tcc__coll_run
  * and p2p functions directly. Results are compared with references
  * computed here from the same input formulas. Groups also cover a
  * mismatch (every rank fails alike, the next op works), a missing rank
@@ -54,7 +54,7 @@ static void barrier(rank_ctx_t *t) {
   while (atomic_load(&t->sh->generation) == gen) usleep(500);
 }
 
-static double now_s(void) { return (double)tcc_now_ns() / 1e9; }
+static double now_s(void) { return (double)tcc__now_ns() / 1e9; }
 
 /* Forks n ranks running fn; returns the number of ranks that failed. */
 static int run_group(const char *name, int n, void (*fn)(rank_ctx_t *)) {
@@ -112,7 +112,7 @@ static tcc_result_t setup(rank_ctx_t *t, tcc_endpoint_t *ep, int64_t timeout_ms,
   for (int j = 0; j < t->n; j++) memcpy(&blobs[j], t->sh->blobs[j], sizeof(tcc_blob_t));
   t->comm = new_comm(t, timeout_ms);
   memset(err, 0, sizeof(*err));
-  tcc_result_t r = tcc_tcp_setup(t->comm, ep, blobs, err);
+  tcc_result_t r = tcc__tcp_setup(t->comm, ep, blobs, err);
   if (r == TCC_OK) r = tcc__coll_attach(t->comm, err); /* the algorithms' scratch, as tcc_comm_create has it */
   CHECK(ep->listen_fd == -1, "rank %d: setup left the listening socket open", t->rank);
   tcc_endpoint_close(ep);
@@ -129,7 +129,7 @@ static void teardown(rank_ctx_t *t) {
 
 static tcc_result_t run(rank_ctx_t *t, tcc_coll_t *c, int64_t timeout_ms, tcc_err_t *err) {
   memset(err, 0, sizeof(*err));
-  int64_t deadline = tcc_now_ns() + timeout_ms * 1000000;
+  int64_t deadline = tcc__now_ns() + timeout_ms * 1000000;
   return tcc__coll_run(t->comm, c, t->seq++, deadline, err);
 }
 

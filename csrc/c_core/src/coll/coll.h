@@ -19,7 +19,7 @@ typedef enum tcc_coll_kind {
   TCC_COLL_BARRIER
 } tcc_coll_kind_t;
 
-const char *tcc_coll_name(tcc_coll_kind_t kind);
+const char *tcc__coll_name(tcc_coll_kind_t kind);
 
 /* One collective as issued on this rank. Buffers are host memory.
  * - BROADCAST: send = recv = the buffer (count elements).
@@ -58,13 +58,13 @@ typedef struct tcc_coll_desc {
 } tcc_coll_desc_t;
 
 /* Bytes a descriptor takes on a communicator of `size` ranks. */
-size_t tcc_coll_desc_bytes(tcc_coll_kind_t kind, int size);
-/* Writes this rank's descriptor (tcc_coll_desc_bytes bytes) into out. */
-void tcc_coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out);
+size_t tcc__coll_desc_bytes(tcc_coll_kind_t kind, int size);
+/* Writes this rank's descriptor (tcc__coll_desc_bytes bytes) into out. */
+void tcc__coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out);
 /* Checks the descriptors of all ranks (descs[r] points at rank r's) and
  * returns TCC_OK or TCC_ERR_MISMATCH with a message naming the first
  * disagreement. Deterministic: every rank reaches the same verdict. */
-tcc_result_t tcc_coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
+tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
                                  const void *const *descs, tcc_err_t *err);
 
 /* When data arriving for this rank could land on input it still has to
@@ -72,7 +72,7 @@ tcc_result_t tcc_coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
  * every algorithm handles), points *staged at a copy of c whose inputs are
  * a private snapshot held in *mem (free it after the collective).
  * Otherwise *staged = *c and *mem = NULL. Returns false when out of memory. */
-bool tcc_coll_snapshot_inputs(const tcc_coll_t *c, int n, int me, tcc_coll_t *staged, void **mem);
+bool tcc__coll_snapshot_inputs(const tcc_coll_t *c, int n, int me, tcc_coll_t *staged, void **mem);
 
 /* ---- running collectives (coll_select.c) ------------------------------ */
 
@@ -82,7 +82,7 @@ tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err);
 void tcc__coll_release(tcc_comm_t *comm);
 /* Runs one collective to completion or failure over the communicator's
  * transport, with the algorithm chosen for it. deadline_ns is absolute
- * (tcc_now_ns clock). Returns TCC_ERR_ABORTED soon after the communicator
+ * (tcc__now_ns clock). Returns TCC_ERR_ABORTED soon after the communicator
  * failed. Only the thread holding the collective queue calls it. */
 tcc_result_t tcc__coll_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                            tcc_err_t *err);

@@ -13,7 +13,7 @@
 #include "core/internal.h"
 #include "core/mutation.h"
 
-const char *tcc_coll_name(tcc_coll_kind_t kind) {
+const char *tcc__coll_name(tcc_coll_kind_t kind) {
   switch (kind) {
     case TCC_COLL_BROADCAST: return "broadcast";
     case TCC_COLL_ALLREDUCE: return "allreduce";
@@ -28,13 +28,13 @@ const char *tcc_coll_name(tcc_coll_kind_t kind) {
   return "unknown";
 }
 
-size_t tcc_coll_desc_bytes(tcc_coll_kind_t kind, int size) {
+size_t tcc__coll_desc_bytes(tcc_coll_kind_t kind, int size) {
   size_t bytes = sizeof(tcc_coll_desc_t);
   if (kind == TCC_COLL_ALLTOALL) bytes += 2 * (size_t)size * sizeof(uint64_t);
   return bytes;
 }
 
-void tcc_coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out) {
+void tcc__coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out) {
   tcc_coll_desc_t d;
   memset(&d, 0, sizeof d);
   d.seq = seq;
@@ -66,46 +66,46 @@ static const uint64_t *alltoall_counts(const void *const *descs, int r) {
   return (const uint64_t *)((const char *)descs[r] + sizeof(tcc_coll_desc_t));
 }
 
-tcc_result_t tcc_coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
+tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
                                  const void *const *descs, tcc_err_t *err) {
   if (TCC_MUTANT(MISMATCH_UNCHECKED)) return TCC_OK; /* MUTATION SITE */
   const int n = comm->size;
   const tcc_coll_desc_t *mine = desc_at(descs, comm->rank);
-  const char *op = tcc_coll_name(c->kind);
+  const char *op = tcc__coll_name(c->kind);
   /* Compare every rank against rank 0, in rank order, so the first
    * disagreement reported is the same everywhere. */
   const tcc_coll_desc_t *ref = desc_at(descs, 0);
   for (int r = 1; r < n; r++) {
     const tcc_coll_desc_t *d = desc_at(descs, r);
     if (d->seq != ref->seq || d->kind != ref->kind) {
-      return tcc_err_set(err, TCC_ERR_MISMATCH,
+      return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): ranks issued different collectives: "
                          "rank 0 issued %s #%llu, rank %d issued %s #%llu",
-                         op, comm->name, comm->rank, tcc_coll_name((tcc_coll_kind_t)ref->kind),
+                         op, comm->name, comm->rank, tcc__coll_name((tcc_coll_kind_t)ref->kind),
                          (unsigned long long)ref->seq, r,
-                         tcc_coll_name((tcc_coll_kind_t)d->kind), (unsigned long long)d->seq);
+                         tcc__coll_name((tcc_coll_kind_t)d->kind), (unsigned long long)d->seq);
     }
     if (d->dtype != ref->dtype) {
-      return tcc_err_set(err, TCC_ERR_MISMATCH,
+      return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): dtype mismatch: rank 0 has %s, rank %d has %s",
                          op, comm->name, comm->rank, tcc_dtype_name((tcc_dtype_t)ref->dtype), r,
                          tcc_dtype_name((tcc_dtype_t)d->dtype));
     }
     if (d->count != ref->count) {
-      return tcc_err_set(err, TCC_ERR_MISMATCH,
+      return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): size mismatch: rank 0 has %llu elements, "
                          "rank %d has %llu",
                          op, comm->name, comm->rank, (unsigned long long)ref->count, r,
                          (unsigned long long)d->count);
     }
     if (d->redop != ref->redop) {
-      return tcc_err_set(err, TCC_ERR_MISMATCH,
+      return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): reduce op mismatch: rank 0 uses %s, rank %d uses %s",
                          op, comm->name, comm->rank, tcc_redop_name((tcc_redop_t)ref->redop), r,
                          tcc_redop_name((tcc_redop_t)d->redop));
     }
     if (d->root != ref->root) {
-      return tcc_err_set(err, TCC_ERR_MISMATCH,
+      return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): root mismatch: rank 0 uses root %d, rank %d uses %d",
                          op, comm->name, comm->rank, ref->root, r, d->root);
     }
@@ -119,7 +119,7 @@ tcc_result_t tcc_coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
         uint64_t sent = cj[k];
         uint64_t expected = alltoall_counts(descs, k)[n + j];
         if (sent != expected) {
-          return tcc_err_set(err, TCC_ERR_MISMATCH,
+          return tcc__err_set(err, TCC_ERR_MISMATCH,
                              "tccomm %s on '%s' (rank %d): split size mismatch: rank %d sends %llu "
                              "elements to rank %d, which expects %llu",
                              op, comm->name, comm->rank, j, (unsigned long long)sent, k,
@@ -225,7 +225,7 @@ static bool copy_inputs(const tcc_coll_t *c, int n, size_t es, tcc_coll_t *stage
   return true;
 }
 
-bool tcc_coll_snapshot_inputs(const tcc_coll_t *c, int n, int me, tcc_coll_t *staged, void **mem) {
+bool tcc__coll_snapshot_inputs(const tcc_coll_t *c, int n, int me, tcc_coll_t *staged, void **mem) {
   const size_t es = tcc_dtype_size(c->dtype);
   *staged = *c;
   *mem = NULL;

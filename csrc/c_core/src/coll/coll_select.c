@@ -28,7 +28,7 @@ tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
   if (!s || !s->srcs || !s->descs || !s->pieces || !s->reads || !s->part_src || !s->part_out || !s->part_len ||
       !s->poll_peers || !s->poll_events || !s->poll_revents) {
     tcc__coll_release(comm);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): out of memory", comm->name, comm->rank);
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): out of memory", comm->name, comm->rank);
   }
   return TCC_OK;
 }
@@ -54,6 +54,6 @@ tcc_result_t tcc__coll_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, 
                            tcc_err_t *err) {
   if (comm->ops->spans) return tcc__coll_staged_run(comm, c, seq, deadline_ns, err);
   if (comm->ops->streams) return tcc__coll_stream_run(comm, c, seq, deadline_ns, err);
-  return tcc_err_set(err, TCC_ERR_UNSUPPORTED, "tccomm %s on '%s' (rank %d): the %s transport offers no collectives",
-                     tcc_coll_name(c->kind), comm->name, comm->rank, comm->ops->name);
+  return tcc__err_set(err, TCC_ERR_UNSUPPORTED, "tccomm %s on '%s' (rank %d): the %s transport offers no collectives",
+                     tcc__coll_name(c->kind), comm->name, comm->rank, comm->ops->name);
 }

@@ -64,10 +64,10 @@ static void copy_stream(char *dst, const coll_piece_t *pieces, int np, size_t fr
 /* The first stage's barrier and the agreement check. */
 static tcc_result_t first_stage_sync(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, int parity,
                                      uint64_t seq, int64_t deadline, tcc_err_t *err) {
-  tcc_result_t r = stage_barrier(st, deadline, tcc_coll_name(c->kind), seq, err);
+  tcc_result_t r = stage_barrier(st, deadline, tcc__coll_name(c->kind), seq, err);
   if (r != TCC_OK) return r;
   for (int j = 0; j < comm->size; j++) st->sc->descs[j] = desc_of(st, j, parity);
-  return tcc_coll_desc_check(comm, c, st->sc->descs, err);
+  return tcc__coll_desc_check(comm, c, st->sc->descs, err);
 }
 
 static const uint64_t *peer_send_counts(staged_t *st, int j) {
@@ -171,7 +171,7 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
   for (int i = 0; i < np; i++) my_len += st->sc->pieces[i].len;
 
   int parity = next_parity(st);
-  tcc_coll_desc_fill(c, seq, n, desc_of(st, me, parity));
+  tcc__coll_desc_fill(c, seq, n, desc_of(st, me, parity));
   copy_stream(in_of(st, me, parity), st->sc->pieces, np, 0, min_sz(my_len, W));
   tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
   if (r != TCC_OK) return r;
@@ -187,7 +187,7 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
     if (lo > 0) {
       parity = next_parity(st);
       if (my_len > lo) copy_stream(in_of(st, me, parity), st->sc->pieces, np, lo, min_sz(my_len - lo, W));
-      r = stage_barrier(st, deadline, tcc_coll_name(c->kind), seq, err);
+      r = stage_barrier(st, deadline, tcc__coll_name(c->kind), seq, err);
       if (r != TCC_OK) return r;
     }
     const size_t hi = lo + W;
@@ -210,13 +210,13 @@ static tcc_result_t reduce_one_shot(tcc_comm_t *comm, staged_t *st, const tcc_co
   const int n = comm->size, me = comm->rank;
   const size_t bytes = c->count * tcc_dtype_size(c->dtype);
   const int parity = next_parity(st);
-  tcc_coll_desc_fill(c, seq, n, desc_of(st, me, parity));
+  tcc__coll_desc_fill(c, seq, n, desc_of(st, me, parity));
   if (bytes) memcpy(in_of(st, me, parity), c->send, bytes); /* an empty tensor may have no data pointer */
   tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
   if (r != TCC_OK) return r;
   if (c->kind == TCC_COLL_ALLREDUCE || me == c->root) {
     for (int j = 0; j < n; j++) st->sc->srcs[j] = in_of(st, j, parity);
-    tcc_reduce_n(c->recv, st->sc->srcs, n, c->count, c->dtype, c->redop, c->premul);
+    tcc__reduce_n(c->recv, st->sc->srcs, n, c->count, c->dtype, c->redop, c->premul);
   }
   return TCC_OK;
 }
@@ -242,7 +242,7 @@ static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_c
 
   for (size_t t = 0; t < stages; t++) {
     const int parity = next_parity(st);
-    if (t == 0) tcc_coll_desc_fill(c, seq, n, desc_of(st, me, parity));
+    if (t == 0) tcc__coll_desc_fill(c, seq, n, desc_of(st, me, parity));
     if (t < T) {
       char *in = in_of(st, me, parity);
       for (int j = 0; j < n; j++) {
@@ -253,7 +253,7 @@ static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_c
       }
     }
     tcc_result_t r = t == 0 ? first_stage_sync(comm, st, c, parity, seq, deadline, err)
-                            : stage_barrier(st, deadline, tcc_coll_name(c->kind), seq, err);
+                            : stage_barrier(st, deadline, tcc__coll_name(c->kind), seq, err);
     if (r != TCC_OK) return r;
     if (!pt->direct && t >= 1) {
       /* Results of stage t-1, published in this stage's parity. */
@@ -268,7 +268,7 @@ static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_c
       for (int j = 0; j < n; j++) st->sc->srcs[j] = in_of(st, j, parity) + (size_t)me * slot;
       st->sc->srcs[me] = pt->src[me] + k0 * es;
       char *dst = pt->direct ? pt->out[me] + k0 * es : res_of(st, me, parity ^ 1);
-      tcc_reduce_n(dst, st->sc->srcs, n, min_sz(w, pt->len[me] - k0), c->dtype, c->redop, c->premul);
+      tcc__reduce_n(dst, st->sc->srcs, n, min_sz(w, pt->len[me] - k0), c->dtype, c->redop, c->premul);
     }
   }
   return TCC_OK;
@@ -310,9 +310,9 @@ tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
   staged_t *st = &view;
   tcc_coll_t staged;
   void *snapshot;
-  if (!tcc_coll_snapshot_inputs(c, comm->size, comm->rank, &staged, &snapshot))
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory",
-                       tcc_coll_name(c->kind), comm->name, comm->rank);
+  if (!tcc__coll_snapshot_inputs(c, comm->size, comm->rank, &staged, &snapshot))
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory",
+                       tcc__coll_name(c->kind), comm->name, comm->rank);
   tcc_result_t r;
   switch (c->kind) {
     case TCC_COLL_ALLREDUCE:

@@ -4,7 +4,7 @@
  *
  * Every collective starts with a descriptor exchange: each rank sends its
  * descriptor to every other rank, so all ranks hold the same n descriptors
- * and reach the same verdict in tcc_coll_desc_check. On a mismatch nothing
+ * and reach the same verdict in tcc__coll_desc_check. On a mismatch nothing
  * else is sent and the streams stay aligned for the next collective.
  *
  * Data then moves directly between the ranks that need it. Reductions are
@@ -40,8 +40,8 @@ static void reset_links(stream_xfer_t *x) {
 
 static tcc_result_t fail_nomem(const stream_xfer_t *x, tcc_err_t *err) {
   char pre[160];
-  stream_xfer_prefix(x, pre, sizeof(pre));
-  return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
+  tcc__stream_xfer_prefix(x, pre, sizeof(pre));
+  return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
 }
 
 /* ---- descriptor exchange ---------------------------------------------- */
@@ -53,7 +53,7 @@ static tcc_result_t exchange_descs(stream_xfer_t *x, const tcc_coll_t *c, int64_
                                    tcc_err_t *err) {
   int n = x->comm->size, me = x->comm->rank;
   const size_t head = sizeof(tcc_coll_desc_t);
-  size_t mine_len = tcc_coll_desc_bytes(c->kind, n);
+  size_t mine_len = tcc__coll_desc_bytes(c->kind, n);
   size_t mine_cap = max_size(mine_len, head);
   tcc_result_t r = TCC_OK;
   uint8_t *mine = calloc(1, mine_cap), *block = NULL;
@@ -63,7 +63,7 @@ static tcc_result_t exchange_descs(stream_xfer_t *x, const tcc_coll_t *c, int64_
     r = fail_nomem(x, err);
     goto out;
   }
-  tcc_coll_desc_fill(c, x->seq, n, mine);
+  tcc__coll_desc_fill(c, x->seq, n, mine);
   frames[me].magic = DESC_MAGIC;
   frames[me].len = (uint32_t)mine_len;
   memcpy(frames[me].head, mine, head);
@@ -77,15 +77,15 @@ static tcc_result_t exchange_descs(stream_xfer_t *x, const tcc_coll_t *c, int64_
                                .in_ptr = (uint8_t *)&frames[j],
                                .in_raw = sizeof(desc_frame_t)};
   }
-  if ((r = stream_xfer_run(x, deadline, err)) != TCC_OK) goto out;
+  if ((r = tcc__stream_xfer_run(x, deadline, err)) != TCC_OK) goto out;
 
   size_t total = 0;
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
-    if (frames[j].magic != DESC_MAGIC || frames[j].len > tcc_coll_desc_bytes(TCC_COLL_ALLTOALL, n)) {
+    if (frames[j].magic != DESC_MAGIC || frames[j].len > tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, n)) {
       char pre[160];
-      stream_xfer_prefix(x, pre, sizeof(pre));
-      r = tcc_err_set(err, TCC_ERR_REMOTE,
+      tcc__stream_xfer_prefix(x, pre, sizeof(pre));
+      r = tcc__err_set(err, TCC_ERR_REMOTE,
                       "%s: rank %d sent a malformed descriptor (the streams are out "
                       "of step)", pre, j);
       goto out;
@@ -112,8 +112,8 @@ static tcc_result_t exchange_descs(stream_xfer_t *x, const tcc_coll_t *c, int64_
                                .in_raw = frames[j].len > head ? frames[j].len - head : 0};
     p += max_size(frames[j].len, mine_cap);
   }
-  if ((r = stream_xfer_run(x, deadline, err)) != TCC_OK) goto out;
-  r = tcc_coll_desc_check(x->comm, c, descs, err);
+  if ((r = tcc__stream_xfer_run(x, deadline, err)) != TCC_OK) goto out;
+  r = tcc__coll_desc_check(x->comm, c, descs, err);
 out:
   free(mine);
   free(frames);
@@ -176,10 +176,10 @@ static tcc_result_t run_reduction(stream_xfer_t *x, const tcc_coll_t *c, int64_t
     red->self_src = at(c->send, my_off * es);
     red->out = all || root ? at(c->recv, my_off * es) : NULL;
   }
-  tcc_result_t r = stream_reducer_alloc(x, chunk, red->out == NULL, err);
+  tcc_result_t r = tcc__stream_reducer_alloc(x, chunk, red->out == NULL, err);
   if (r != TCC_OK) return r;
-  r = stream_xfer_run(x, deadline, err);
-  stream_reducer_free(red);
+  r = tcc__stream_xfer_run(x, deadline, err);
+  tcc__stream_reducer_free(red);
   return r;
 }
 
@@ -253,7 +253,7 @@ static tcc_result_t run_data(stream_xfer_t *x, const tcc_coll_t *c, int64_t dead
                                                          : c->recv_counts[me]) * es;
     break;
   }
-  tcc_result_t r = stream_xfer_run(x, deadline, err);
+  tcc_result_t r = tcc__stream_xfer_run(x, deadline, err);
   /* after the transfers: the copy may not disturb bytes still to be sent */
   if (r == TCC_OK) copy_local(self_dst, self_src, self_len);
   return r;
@@ -268,26 +268,26 @@ tcc_result_t tcc__coll_stream_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
                                   tcc_err_t *err) {
   const int n = comm->size;
   stream_link_t *links = calloc((size_t)n, sizeof(*links));
-  stream_xfer_t x = {.comm = comm, .what = tcc_coll_name(c->kind), .phase = "start", .seq = seq, .links = links};
+  stream_xfer_t x = {.comm = comm, .what = tcc__coll_name(c->kind), .phase = "start", .seq = seq, .links = links};
   char pre[160];
-  stream_xfer_prefix(&x, pre, sizeof(pre));
-  if (!links) return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
+  tcc__stream_xfer_prefix(&x, pre, sizeof(pre));
+  if (!links) return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
   tcc_result_t r = TCC_OK;
   if (atomic_load(&comm->aborted)) {
     char cause[TCC_ERRLEN];
     tcc__comm_failure(comm, cause, sizeof cause);
-    r = tcc_err_set(err, TCC_ERR_ABORTED, "%s: not run: %.300s", pre, cause);
+    r = tcc__err_set(err, TCC_ERR_ABORTED, "%s: not run: %.300s", pre, cause);
   }
   if (r == TCC_OK) r = exchange_descs(&x, c, deadline_ns, err);
   /* after the exchange, so all ranks (which agree on the root) fail alike */
   if (r == TCC_OK && has_root(c->kind) && (c->root < 0 || c->root >= n))
-    r = tcc_err_set(err, TCC_ERR_INVALID, "%s: root %d out of range [0, %d)", pre, c->root, n);
+    r = tcc__err_set(err, TCC_ERR_INVALID, "%s: root %d out of range [0, %d)", pre, c->root, n);
   if (r == TCC_OK) {
     tcc_coll_t staged;
     void *mem = NULL;
-    if (!tcc_coll_snapshot_inputs(c, n, comm->rank, &staged, &mem)) {
+    if (!tcc__coll_snapshot_inputs(c, n, comm->rank, &staged, &mem)) {
       free(links);
-      return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
+      return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
     }
     r = run_data(&x, &staged, deadline_ns, err);
     free(mem);

@@ -21,14 +21,14 @@
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
-void stream_xfer_prefix(const stream_xfer_t *x, char *buf, size_t len) {
+void tcc__stream_xfer_prefix(const stream_xfer_t *x, char *buf, size_t len) {
   snprintf(buf, len, "%s %s #%llu on communicator '%s' rank %d", x->comm->ops->name, x->what,
            (unsigned long long)x->seq, x->comm->name, x->comm->rank);
 }
 
 /* ---- the reducer ------------------------------------------------------ */
 
-tcc_result_t stream_reducer_alloc(stream_xfer_t *x, size_t chunk, bool need_staging,
+tcc_result_t tcc__stream_reducer_alloc(stream_xfer_t *x, size_t chunk, bool need_staging,
                                tcc_err_t *err) {
   stream_reducer_t *r = &x->red;
   int n = x->comm->size;
@@ -48,16 +48,16 @@ tcc_result_t stream_reducer_alloc(stream_xfer_t *x, size_t chunk, bool need_stag
   if (chunk && n > 1) r->slots = malloc((size_t)n * 2 * seg);
   if (chunk && need_staging) r->staging = malloc(2 * seg);
   if (!r->srcs || (chunk && n > 1 && !r->slots) || (chunk && need_staging && !r->staging)) {
-    stream_reducer_free(r);
+    tcc__stream_reducer_free(r);
     char pre[160];
-    stream_xfer_prefix(x, pre, sizeof(pre));
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: out of memory for reduction buffers",
+    tcc__stream_xfer_prefix(x, pre, sizeof(pre));
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: out of memory for reduction buffers",
                        pre);
   }
   return TCC_OK;
 }
 
-void stream_reducer_free(stream_reducer_t *r) {
+void tcc__stream_reducer_free(stream_reducer_t *r) {
   free(r->slots);
   free(r->staging);
   free(r->srcs);
@@ -99,7 +99,7 @@ static void reducer_step(stream_xfer_t *x) {
     r->srcs[j] = j == x->comm->rank ? (const void *)(r->self_src + start)
                                 : (const void *)slot_of(r, j, k);
   uint8_t *dst = r->out ? r->out + start : r->staging + (k & 1) * r->seg;
-  tcc_reduce_n(dst, r->srcs, x->comm->size, len / r->esize, r->dtype, r->redop, r->premul);
+  tcc__reduce_n(dst, r->srcs, x->comm->size, len / r->esize, r->dtype, r->redop, r->premul);
   r->done_seg++;
 }
 
@@ -153,14 +153,14 @@ static bool link_done(const stream_link_t *l) {
 static tcc_result_t peer_failed(const stream_xfer_t *x, int peer, const char *how,
                                 int errnum, tcc_err_t *err) {
   char pre[160];
-  stream_xfer_prefix(x, pre, sizeof(pre));
+  tcc__stream_xfer_prefix(x, pre, sizeof(pre));
   /* A reset or an end of stream is how a peer's death shows over TCP. */
   if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
-    return tcc_err_set(err, TCC_ERR_REMOTE,
+    return tcc__err_set(err, TCC_ERR_REMOTE,
                        "%s: rank %d is gone: its connection %s during %s (the process exited, "
                        "or destroyed its communicator)", pre, peer,
                        errnum ? "was reset" : "closed", x->phase);
-  return tcc_err_set(err, TCC_ERR_REMOTE, "%s: %s rank %d failed during %s: %s", pre,
+  return tcc__err_set(err, TCC_ERR_REMOTE, "%s: %s rank %d failed during %s: %s", pre,
                      how, peer, x->phase, strerror(errnum));
 }
 
@@ -222,23 +222,23 @@ static void pending_peers(const stream_xfer_t *x, char *buf, size_t len) {
 
 static tcc_result_t fail_timeout(const stream_xfer_t *x, tcc_err_t *err) {
   char pre[160], peers[200];
-  stream_xfer_prefix(x, pre, sizeof(pre));
+  tcc__stream_xfer_prefix(x, pre, sizeof(pre));
   pending_peers(x, peers, sizeof(peers));
-  return tcc_err_set(err, TCC_ERR_TIMEOUT,
+  return tcc__err_set(err, TCC_ERR_TIMEOUT,
                      "%s: timed out during %s waiting for rank(s) %s", pre, x->phase,
                      peers);
 }
 
 static tcc_result_t fail_aborted(const stream_xfer_t *x, tcc_err_t *err) {
   char pre[160];
-  stream_xfer_prefix(x, pre, sizeof(pre));
+  tcc__stream_xfer_prefix(x, pre, sizeof(pre));
   /* The cause (abort, destroy, a failure elsewhere) is the communicator's. */
   char cause[TCC_ERRLEN];
   tcc__comm_failure(x->comm, cause, sizeof cause);
-  return tcc_err_set(err, TCC_ERR_ABORTED, "%s: interrupted during %s: %.300s", pre, x->phase, cause);
+  return tcc__err_set(err, TCC_ERR_ABORTED, "%s: interrupted during %s: %.300s", pre, x->phase, cause);
 }
 
-tcc_result_t stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err_t *err) {
+tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err_t *err) {
   tcc_comm_t *comm = x->comm;
   tcc__coll_scratch_t *sc = coll_scratch_of(comm);
   bool moved = true; /* first poll only looks, it does not sleep */
@@ -261,12 +261,12 @@ tcc_result_t stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err_t *e
     }
     if (all_done) return TCC_OK;
     if (atomic_load(&comm->aborted)) return fail_aborted(x, err);
-    int64_t now = tcc_now_ns();
+    int64_t now = tcc__now_ns();
     if (now >= deadline_ns) return fail_timeout(x, err);
     if (npeers == 0) {
       char pre[160];
-      stream_xfer_prefix(x, pre, sizeof(pre));
-      return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: internal error: %s stalled", pre,
+      tcc__stream_xfer_prefix(x, pre, sizeof(pre));
+      return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: internal error: %s stalled", pre,
                          x->phase);
     }
     /* Rounded up without adding to deadline_ns, which may be INT64_MAX. */
@@ -274,13 +274,13 @@ tcc_result_t stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err_t *e
     int timeout = moved ? 0 : (int)(left_ms < WAIT_SLICE_MS ? left_ms : WAIT_SLICE_MS);
     int rc = comm->ops->streams->poll(comm, npeers, sc->poll_peers, sc->poll_events, sc->poll_revents, timeout);
     if (rc < 0 && errno != EINTR)
-      return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: poll failed: %s", comm->ops->name, strerror(errno));
+      return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: poll failed: %s", comm->ops->name, strerror(errno));
     moved = false;
     for (int i = 0; i < npeers && rc > 0; i++) {
       short rev = sc->poll_revents[i];
       if (!rev) continue;
       if (rev & POLLNVAL)
-        return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: the stream to rank %d is closed", comm->ops->name,
+        return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: the stream to rank %d is closed", comm->ops->name,
                            sc->poll_peers[i]);
       tcc_result_t r = pump(x, sc->poll_peers[i], rev, &moved, err);
       if (r != TCC_OK) return r;

@@ -51,13 +51,13 @@ typedef struct stream_xfer {
 
 /* Moves every link's bytes (and runs the reducer) until all are done, the
  * deadline passes, the communicator is aborted or a peer fails. */
-tcc_result_t stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err_t *err);
+tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err_t *err);
 /* Sizes the segments and allocates slots for a reduction of `chunk` bytes
  * (the rest of x->red is filled by the caller). */
-tcc_result_t stream_reducer_alloc(stream_xfer_t *x, size_t chunk, bool need_staging,
+tcc_result_t tcc__stream_reducer_alloc(stream_xfer_t *x, size_t chunk, bool need_staging,
                                tcc_err_t *err);
-void stream_reducer_free(stream_reducer_t *red);
+void tcc__stream_reducer_free(stream_reducer_t *red);
 /* "tcp allreduce #7 on communicator 'g' rank 2" (the transport's name first) */
-void stream_xfer_prefix(const stream_xfer_t *x, char *buf, size_t len);
+void tcc__stream_xfer_prefix(const stream_xfer_t *x, char *buf, size_t len);
 
 #endif /* TCC_COLL_STREAM_XFER_H */

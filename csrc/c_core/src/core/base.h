@@ -35,23 +35,23 @@ tcc_result_t tcc__fail_with(const tcc_err_t *err, tcc_result_t code);
 
 /* Records code + printf-style message in err (if not NULL and not already
  * set) and returns code. */
-tcc_result_t tcc_err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ...)
+tcc_result_t tcc__err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* ---- time and waiting ------------------------------------------------ */
 
-int64_t tcc_now_ns(void); /* CLOCK_MONOTONIC */
-/* tcc_now_ns() + timeout_ms, saturated at INT64_MAX: a huge timeout means
+int64_t tcc__now_ns(void); /* CLOCK_MONOTONIC */
+/* tcc__now_ns() + timeout_ms, saturated at INT64_MAX: a huge timeout means
  * "practically never" instead of wrapping into the past. A negative timeout
  * counts as 0 (the deadline is now). */
-int64_t tcc_deadline_after_ms(int64_t timeout_ms);
+int64_t tcc__deadline_after_ms(int64_t timeout_ms);
 
-/* A condition variable whose timed waits take tcc_now_ns() deadlines. */
+/* A condition variable whose timed waits take tcc__now_ns() deadlines. */
 void tcc__cond_init_monotonic(pthread_cond_t *cv);
 
 /* Futex on a 32-bit word that may live in process-shared memory. */
-void tcc_futex_wait(atomic_uint *word, unsigned expected, int64_t max_ns);
-void tcc_futex_wake_all(atomic_uint *word);
+void tcc__futex_wait(atomic_uint *word, unsigned expected, int64_t max_ns);
+void tcc__futex_wake_all(atomic_uint *word);
 
 static inline void tcc_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -65,9 +65,9 @@ static inline void tcc_cpu_relax(void) {
 
 /* Registers fd to be closed in a child made by fork(): its copy would keep
  * a dead parent's connections and liveness lock alive. */
-void tcc_fd_close_on_fork(int fd);
+void tcc__fd_close_on_fork(int fd);
 /* Closes a registered (or unregistered) fd and forgets it. */
-void tcc_fd_close(int fd);
+void tcc__fd_close(int fd);
 
 /* ---- reductions (reduce.c) ------------------------------------------- */
 
@@ -77,7 +77,7 @@ void tcc_fd_close(int fd);
  * premul before summing. float16/bfloat16 accumulate in float32 and round
  * once. dst may be the very same pointer as one of srcs (never a partial
  * overlap). The caller has checked tcc_redop_supported(). */
-void tcc_reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count,
+void tcc__reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count,
                   tcc_dtype_t dtype, tcc_redop_t op, double premul);
 
 #endif /* TCC_CORE_BASE_H */

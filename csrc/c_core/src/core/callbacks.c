@@ -41,7 +41,7 @@ static struct {
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 
-static void init_cv(void) { tcc__cond_init_monotonic(&pool.cv); /* timed waits on the tcc_now_ns clock */ }
+static void init_cv(void) { tcc__cond_init_monotonic(&pool.cv); /* timed waits on the tcc__now_ns clock */ }
 
 static void reset_in_child(void) {
   pthread_mutex_init(&pool.lock, NULL);
@@ -61,7 +61,7 @@ static void *worker_main(void *unused) {
   pthread_mutex_lock(&pool.lock);
   for (;;) {
     while (!pool.head) {
-      int64_t until = tcc_now_ns() + IDLE_EXIT_NS;
+      int64_t until = tcc__now_ns() + IDLE_EXIT_NS;
       struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
       pool.idle++;
       int rc = pthread_cond_timedwait(&pool.cv, &pool.lock, &ts);

@@ -15,7 +15,7 @@
 
 /* ---- failure state ---------------------------------------------------- */
 
-void tcc_comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
+void tcc__comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
   pthread_mutex_lock(&comm->fail_lock);
   int first = !atomic_load(&comm->aborted);
   if (first) {
@@ -61,27 +61,27 @@ tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
   *out = NULL;
   if (!cfg || !ep || !blobs_raw || cfg->size < 1 || cfg->size > TCC_MAX_RANKS || cfg->rank < 0 ||
       cfg->rank >= cfg->size) {
-    tcc_err_set(&err, TCC_ERR_INVALID, "tccomm: invalid communicator config (rank %d, size %d)",
+    tcc__err_set(&err, TCC_ERR_INVALID, "tccomm: invalid communicator config (rank %d, size %d)",
                 cfg ? cfg->rank : -1, cfg ? cfg->size : -1);
     goto fail;
   }
   blobs = calloc((size_t)cfg->size, sizeof *blobs);
   if (!blobs) {
-    tcc_err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+    tcc__err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
     goto fail;
   }
-  if (tcc_blobs_decode(blobs_raw, cfg->size, blobs, &err) != TCC_OK) goto fail;
+  if (tcc__blobs_decode(blobs_raw, cfg->size, blobs, &err) != TCC_OK) goto fail;
   if (memcmp(blobs[cfg->rank].token, ep->blob.token, TCC_TOKEN_BYTES) != 0) {
-    tcc_err_set(&err, TCC_ERR_INVALID, "tccomm: the blob at index %d is not this rank's endpoint",
+    tcc__err_set(&err, TCC_ERR_INVALID, "tccomm: the blob at index %d is not this rank's endpoint",
                 cfg->rank);
     goto fail;
   }
   tcc_transport_t transport = TCC_TRANSPORT_AUTO;
-  if (tcc_comm_choose_transport(cfg, blobs, &transport, &err) != TCC_OK) goto fail;
+  if (tcc__comm_choose_transport(cfg, blobs, &transport, &err) != TCC_OK) goto fail;
 
   comm = calloc(1, sizeof *comm);
   if (!comm) {
-    tcc_err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+    tcc__err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
     goto fail;
   }
   atomic_store(&comm->refs, 1);
@@ -137,7 +137,7 @@ void tcc_comm_set_timeout(tcc_comm_t *comm, int64_t timeout_ms) {
 void tcc_comm_abort(tcc_comm_t *comm) {
   char msg[TCC_ERRLEN];
   snprintf(msg, sizeof msg, "communicator '%s' was aborted on rank %d", comm->name, comm->rank);
-  tcc_comm_fail(comm, TCC_ERR_ABORTED, msg);
+  tcc__comm_fail(comm, TCC_ERR_ABORTED, msg);
 }
 
 void tcc_comm_destroy(tcc_comm_t *comm) {
@@ -151,15 +151,15 @@ void tcc_comm_destroy(tcc_comm_t *comm) {
   char msg[TCC_ERRLEN];
   snprintf(msg, sizeof msg, "communicator '%s' was destroyed on rank %d while the op was pending",
            comm->name, comm->rank);
-  tcc_comm_fail(comm, TCC_ERR_ABORTED, msg);
+  tcc__comm_fail(comm, TCC_ERR_ABORTED, msg);
   /* The device first: its watchdog may still fail ops that reach the host side. */
   tcc__device_executor.stop(comm);
   tcc__host_executor.stop(comm);
   if (comm->ops) comm->ops->destroy(comm);
-  tcc_comm_release(comm);
+  tcc__comm_release(comm);
 }
 
-void tcc_comm_release(tcc_comm_t *comm) {
+void tcc__comm_release(tcc_comm_t *comm) {
   if (atomic_fetch_sub(&comm->refs, 1) != 1) return;
   tcc__device_executor.release(comm);
   tcc__host_executor.release(comm);

@@ -34,7 +34,7 @@ static void in_child(void) {
 
 static void install(void) { pthread_atfork(before_fork, in_parent, in_child); }
 
-void tcc_fd_close_on_fork(int fd) {
+void tcc__fd_close_on_fork(int fd) {
   if (fd < 0) return;
   pthread_once(&once, install);
   pthread_mutex_lock(&fds_lock);
@@ -52,7 +52,7 @@ void tcc_fd_close_on_fork(int fd) {
   pthread_mutex_unlock(&fds_lock);
 }
 
-void tcc_fd_close(int fd) {
+void tcc__fd_close(int fd) {
   if (fd < 0) return;
   pthread_mutex_lock(&fds_lock);
   for (size_t i = 0; i < nfds; i++) {

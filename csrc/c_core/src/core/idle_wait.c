@@ -12,7 +12,7 @@ tcc_result_t tcc__idle_wait(const tcc__idle_wait_t *w) {
   }
   for (int round = 0;; round++) {
     if (w->ready(w->arg)) return TCC_OK;
-    int64_t now = tcc_now_ns();
+    int64_t now = tcc__now_ns();
     if (w->check) {
       tcc_result_t r = w->check(w->arg, now);
       if (r != TCC_OK) return r;
@@ -29,7 +29,7 @@ tcc_result_t tcc__idle_wait(const tcc__idle_wait_t *w) {
     if (!w->ready(w->arg)) {
       int64_t nap = w->deadline_ns - now;
       if (nap > w->max_nap_ns) nap = w->max_nap_ns;
-      tcc_futex_wait(w->word, seen, nap);
+      tcc__futex_wait(w->word, seen, nap);
     }
     if (w->sleepers) atomic_fetch_sub(w->sleepers, 1);
   }

@@ -40,20 +40,20 @@ struct tcc_endpoint {
 /* Copies the n endpoint blobs of raw (TCC_ENDPOINT_BLOB_SIZE bytes apart,
  * as gathered from the store) into blobs, checks each one's magic and
  * NUL-terminates its strings. TCC_ERR_INVALID names the first bad rank. */
-tcc_result_t tcc_blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc_err_t *err);
+tcc_result_t tcc__blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc_err_t *err);
 /* The transport for a group of cfg->size ranks with these decoded blobs:
  * cfg->transport, else TCCOMM_TRANSPORT, else shared memory when every
  * rank sees the same /dev/shm. TCC_ERR_INVALID when the request cannot be
  * met. Every rank decides alike from the same blobs. */
-tcc_result_t tcc_comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
+tcc_result_t tcc__comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
                                        tcc_transport_t *out, tcc_err_t *err);
 
 /* Fills hostname and boot id of this machine. */
-void tcc_host_identity(char hostname[64], char boot_id[40]);
+void tcc__host_identity(char hostname[64], char boot_id[40]);
 /* Device and inode of the /dev/shm directory this process sees (0, 0 if none). */
-void tcc_shm_identity(uint64_t *dev, uint64_t *ino);
+void tcc__shm_identity(uint64_t *dev, uint64_t *ino);
 /* Fills buf with n cryptographically random bytes (getrandom). */
-tcc_result_t tcc_random_bytes(void *buf, size_t n);
+tcc_result_t tcc__random_bytes(void *buf, size_t n);
 
 /* ---- ops (core/op.c) -------------------------------------------------- */
 
@@ -128,15 +128,15 @@ struct tcc_comm {
 
 /* Marks the communicator failed (first failure wins) so later ops fail
  * fast with `code` and `msg`; wakes every thread. */
-void tcc_comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg);
+void tcc__comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg);
 /* Drops a reference; the last one frees the communicator's memory. */
-void tcc_comm_release(tcc_comm_t *comm);
+void tcc__comm_release(tcc_comm_t *comm);
 /* The communicator's failure: its code with the message copied into msg,
  * or TCC_OK (msg empty) while it has not failed. */
 tcc_result_t tcc__comm_failure(tcc_comm_t *comm, char *msg, size_t len);
 
 /* Finishes an op: records result/message, runs the callback, wakes waiters. */
-void tcc_op_finish(tcc_op_t *op, tcc_result_t result, const char *msg);
+void tcc__op_finish(tcc_op_t *op, tcc_result_t result, const char *msg);
 /* "allreduce", "send", ... */
 const char *tcc__op_name(const tcc_op_t *op);
 

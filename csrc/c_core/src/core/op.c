@@ -13,10 +13,10 @@
 const char *tcc__op_name(const tcc_op_t *op) {
   if (op->kind == TCC_OP_SEND) return "send";
   if (op->kind == TCC_OP_RECV) return "recv";
-  return tcc_coll_name(op->coll.kind);
+  return tcc__coll_name(op->coll.kind);
 }
 
-void tcc_op_finish(tcc_op_t *op, tcc_result_t result, const char *msg) {
+void tcc__op_finish(tcc_op_t *op, tcc_result_t result, const char *msg) {
   op->result = result;
   if (result != TCC_OK && msg) snprintf(op->error, sizeof op->error, "%s", msg);
   pthread_mutex_lock(&op->cb_lock);
@@ -29,7 +29,7 @@ void tcc_op_finish(tcc_op_t *op, tcc_result_t result, const char *msg) {
    * future completed by the callback is already complete. */
   if (cb) cb(op, arg);
   atomic_fetch_add(&op->finished_futex, 1);
-  tcc_futex_wake_all(&op->finished_futex);
+  tcc__futex_wake_all(&op->finished_futex);
 }
 
 static bool op_finished(void *op) { return atomic_load(&((tcc_op_t *)op)->finished); }
@@ -96,5 +96,5 @@ void tcc_op_release(tcc_op_t *op) {
   free(op->owned_arrays);
   tcc_comm_t *comm = op->comm;
   free(op);
-  tcc_comm_release(comm);
+  tcc__comm_release(comm);
 }

@@ -161,7 +161,7 @@ static tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc
 
 tcc_result_t tcc_broadcast(tcc_comm_t *comm, tcc_buf_t buf, int root, const tcc_op_opts_t *opts,
                            tcc_op_t **op) {
-  const char *w = tcc_coll_name(TCC_COLL_BROADCAST);
+  const char *w = tcc__coll_name(TCC_COLL_BROADCAST);
   TRY(check_usable(comm, w));
   TRY(check_root(comm, w, root));
   TRY(check_buf(comm, w, "the", buf));
@@ -172,7 +172,7 @@ tcc_result_t tcc_broadcast(tcc_comm_t *comm, tcc_buf_t buf, int root, const tcc_
 
 static tcc_result_t reduction(tcc_comm_t *comm, tcc_coll_kind_t kind, tcc_buf_t send, tcc_buf_t recv,
                               tcc_redop_t redop, int root, const tcc_op_opts_t *opts, tcc_op_t **op) {
-  const char *w = tcc_coll_name(kind);
+  const char *w = tcc__coll_name(kind);
   TRY(check_usable(comm, w));
   if (kind == TCC_COLL_REDUCE) TRY(check_root(comm, w, root));
   TRY(check_buf(comm, w, "input", send));
@@ -215,7 +215,7 @@ static tcc_result_t check_uniform(tcc_comm_t *comm, const char *w, const char *r
 
 tcc_result_t tcc_allgather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs,
                            const tcc_op_opts_t *opts, tcc_op_t **op) {
-  const char *w = tcc_coll_name(TCC_COLL_ALLGATHER);
+  const char *w = tcc__coll_name(TCC_COLL_ALLGATHER);
   TRY(check_usable(comm, w));
   TRY(check_buf(comm, w, "input", send));
   TRY(check_uniform(comm, w, "output", recvs, send));
@@ -226,7 +226,7 @@ tcc_result_t tcc_allgather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *re
 
 tcc_result_t tcc_gather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs, int root,
                         const tcc_op_opts_t *opts, tcc_op_t **op) {
-  const char *w = tcc_coll_name(TCC_COLL_GATHER);
+  const char *w = tcc__coll_name(TCC_COLL_GATHER);
   TRY(check_usable(comm, w));
   TRY(check_root(comm, w, root));
   TRY(check_buf(comm, w, "input", send));
@@ -239,7 +239,7 @@ tcc_result_t tcc_gather(tcc_comm_t *comm, tcc_buf_t send, const tcc_buf_t *recvs
 
 tcc_result_t tcc_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t recv, int root,
                          const tcc_op_opts_t *opts, tcc_op_t **op) {
-  const char *w = tcc_coll_name(TCC_COLL_SCATTER);
+  const char *w = tcc__coll_name(TCC_COLL_SCATTER);
   TRY(check_usable(comm, w));
   TRY(check_root(comm, w, root));
   TRY(check_buf(comm, w, "output", recv));
@@ -252,7 +252,7 @@ tcc_result_t tcc_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t rec
 
 tcc_result_t tcc_reduce_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_buf_t recv,
                                 tcc_redop_t redop, const tcc_op_opts_t *opts, tcc_op_t **op) {
-  const char *w = tcc_coll_name(TCC_COLL_REDUCE_SCATTER);
+  const char *w = tcc__coll_name(TCC_COLL_REDUCE_SCATTER);
   TRY(check_usable(comm, w));
   TRY(check_buf(comm, w, "output", recv));
   TRY(check_uniform(comm, w, "input", sends, recv));
@@ -264,7 +264,7 @@ tcc_result_t tcc_reduce_scatter(tcc_comm_t *comm, const tcc_buf_t *sends, tcc_bu
 
 tcc_result_t tcc_alltoall(tcc_comm_t *comm, const tcc_buf_t *sends, const tcc_buf_t *recvs,
                           const tcc_op_opts_t *opts, tcc_op_t **op) {
-  const char *w = tcc_coll_name(TCC_COLL_ALLTOALL);
+  const char *w = tcc__coll_name(TCC_COLL_ALLTOALL);
   TRY(check_usable(comm, w));
   if (!sends || !recvs)
     return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': the input and output lists are required", w,
@@ -284,7 +284,7 @@ tcc_result_t tcc_alltoall(tcc_comm_t *comm, const tcc_buf_t *sends, const tcc_bu
 }
 
 tcc_result_t tcc_barrier(tcc_comm_t *comm, const tcc_op_opts_t *opts, tcc_op_t **op) {
-  TRY(check_usable(comm, tcc_coll_name(TCC_COLL_BARRIER)));
+  TRY(check_usable(comm, tcc__coll_name(TCC_COLL_BARRIER)));
   tcc_coll_t c = {.kind = TCC_COLL_BARRIER, .dtype = TCC_UINT8};
   const tcc_buf_t host = {NULL, 0, TCC_UINT8, -1, NULL};
   return submit_coll(comm, &c, opts, NULL, NULL, host, op);

@@ -139,7 +139,7 @@ tcc_result_t tcc__fail_with(const tcc_err_t *err, tcc_result_t code) {
   return tcc__fail(code, "%s", err->msg[0] ? err->msg : tcc_result_string(code));
 }
 
-tcc_result_t tcc_err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ...) {
+tcc_result_t tcc__err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ...) {
   /* The first failure is the cause; later ones are usually its echoes. */
   if (err == NULL || err->code != TCC_OK || code == TCC_OK) return code;
   err->code = code;
@@ -155,14 +155,14 @@ tcc_result_t tcc_err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ...
 
 /* ---- time and waiting ------------------------------------------------------ */
 
-int64_t tcc_now_ns(void) {
+int64_t tcc__now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-int64_t tcc_deadline_after_ms(int64_t timeout_ms) {
-  const int64_t now = tcc_now_ns();
+int64_t tcc__deadline_after_ms(int64_t timeout_ms) {
+  const int64_t now = tcc__now_ns();
   if (timeout_ms <= 0) return now;
   /* Compared before multiplying: neither the product nor the sum may overflow. */
   if (timeout_ms > (INT64_MAX - now) / 1000000) return INT64_MAX;
@@ -179,7 +179,7 @@ void tcc__cond_init_monotonic(pthread_cond_t *cv) {
 
 /* No FUTEX_PRIVATE_FLAG: the word may be in memory shared between
  * processes, and private futexes only match waiters of one process. */
-void tcc_futex_wait(atomic_uint *word, unsigned expected, int64_t max_ns) {
+void tcc__futex_wait(atomic_uint *word, unsigned expected, int64_t max_ns) {
   if (max_ns <= 0) return;
   struct timespec rel;
   rel.tv_sec = (time_t)(max_ns / 1000000000);
@@ -189,7 +189,7 @@ void tcc_futex_wait(atomic_uint *word, unsigned expected, int64_t max_ns) {
   syscall(SYS_futex, (void *)word, FUTEX_WAIT, expected, &rel, NULL, 0);
 }
 
-void tcc_futex_wake_all(atomic_uint *word) {
+void tcc__futex_wake_all(atomic_uint *word) {
   syscall(SYS_futex, (void *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
@@ -212,7 +212,7 @@ static tcc_result_t read_urandom(uint8_t *out, size_t n) {
   return TCC_OK;
 }
 
-tcc_result_t tcc_random_bytes(void *buf, size_t n) {
+tcc_result_t tcc__random_bytes(void *buf, size_t n) {
   uint8_t *out = buf;
   size_t done = 0;
   while (done < n) {
@@ -228,7 +228,7 @@ tcc_result_t tcc_random_bytes(void *buf, size_t n) {
   return TCC_OK;
 }
 
-void tcc_host_identity(char hostname[64], char boot_id[40]) {
+void tcc__host_identity(char hostname[64], char boot_id[40]) {
   /* gethostname need not NUL-terminate a truncated name. */
   if (gethostname(hostname, 64) != 0) hostname[0] = '\0';
   hostname[63] = '\0';
@@ -250,7 +250,7 @@ void tcc_host_identity(char hostname[64], char boot_id[40]) {
   boot_id[len] = '\0';
 }
 
-void tcc_shm_identity(uint64_t *dev, uint64_t *ino) {
+void tcc__shm_identity(uint64_t *dev, uint64_t *ino) {
   struct stat sb;
   if (stat("/dev/shm", &sb) != 0 || !S_ISDIR(sb.st_mode)) {
     *dev = *ino = 0;

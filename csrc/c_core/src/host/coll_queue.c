@@ -17,20 +17,20 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   if (atomic_load(&comm->aborted)) {
     char msg[TCC_ERRLEN], cause[TCC_ERRLEN];
     tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
-    snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) not run: %.400s", tcc_coll_name(op->coll.kind),
+    snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) not run: %.400s", tcc__coll_name(op->coll.kind),
              comm->name, comm->rank, cause);
-    tcc_op_finish(op, code, msg);
+    tcc__op_finish(op, code, msg);
     return;
   }
   tcc_err_t err = {TCC_OK, {0}};
-  op->deadline_ns = tcc_deadline_after_ms(op->timeout_ms);
+  op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
   tcc_coll_t *c = &op->coll; /* for the mutation sites */
   if (TCC_MUTANT(BROADCAST_WRONG_ROOT) && c->kind == TCC_COLL_BROADCAST) c->root = (c->root + 1) % comm->size; /* MUTATION SITE */
   if (TCC_MUTANT(REDUCE_SCATTER_SWAP) && c->kind == TCC_COLL_REDUCE_SCATTER && comm->size > 1) { void *t = c->sends[0]; c->sends[0] = c->sends[1]; c->sends[1] = t; } /* MUTATION SITE */
   tcc_result_t r = tcc__coll_run(comm, &op->coll, op->seq, op->deadline_ns, &err);
   if (TCC_MUTANT(ALLGATHER_CORRUPT_BYTE) && r == TCC_OK && c->kind == TCC_COLL_ALLGATHER && c->count) ((unsigned char *)c->recvs[(comm->rank + 1) % comm->size])[c->count * tcc_dtype_size(c->dtype) / 2] ^= 1; /* MUTATION SITE */
   if (r != TCC_OK && err.msg[0] == 0)
-    tcc_err_set(&err, r, "tccomm %s on '%s' (rank %d) failed: %s", tcc_coll_name(op->coll.kind),
+    tcc__err_set(&err, r, "tccomm %s on '%s' (rank %d) failed: %s", tcc__coll_name(op->coll.kind),
                 comm->name, comm->rank, tcc_result_string(r));
   /* Transports do not know the op's own timeout (per-op or the default). */
   if (r == TCC_ERR_TIMEOUT) {
@@ -40,8 +40,8 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   /* A mismatch is detected by every rank before data moves, so the
    * communicator stays usable; anything else leaves ranks out of step. */
   if (r != TCC_OK && r != TCC_ERR_MISMATCH && r != TCC_ERR_INVALID && r != TCC_ERR_UNSUPPORTED)
-    tcc_comm_fail(comm, r, err.msg);
-  tcc_op_finish(op, r, err.msg);
+    tcc__comm_fail(comm, r, err.msg);
+  tcc__op_finish(op, r, err.msg);
 }
 
 /* Runs queued collectives in order until the queue is empty, or until
@@ -93,7 +93,7 @@ void *tcc__host_coll_thread(void *arg) {
   pthread_mutex_lock(&e->lock);
   for (;;) {
     while (!(e->coll_head && !e->runner_busy) && !(e->stopping && !e->coll_head)) {
-      int64_t now = tcc_now_ns();
+      int64_t now = tcc__now_ns();
       if (now - e->last_submit_ns < COLL_POLL_WINDOW_NS) {
         int64_t until = now + COLL_POLL_NS;
         struct timespec ts = {until / 1000000000LL, until % 1000000000LL};

@@ -72,7 +72,7 @@ struct tcc_engine {
   int waiter_runs; /* the runner is a thread in tcc_op_wait; stop waits until it is out */
   pthread_cond_t waiter_cv;
   int coll_deep_sleep;      /* the collective thread sleeps until signalled */
-  int64_t last_submit_ns;   /* last collective submitted (tcc_now_ns) */
+  int64_t last_submit_ns;   /* last collective submitted (tcc__now_ns) */
   pthread_t coll_thread, p2p_thread;
   int coll_started, p2p_started;
   peer_state_t *peers;

@@ -15,14 +15,14 @@ static void host_release(tcc_comm_t *comm);
 
 static tcc_result_t host_attach(tcc_comm_t *comm, tcc_err_t *err) {
   tcc_engine_t *e = calloc(1, sizeof *e);
-  if (!e) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  if (!e) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   e->peers = calloc((size_t)comm->size, sizeof *e->peers);
   if (!e->peers) {
     free(e);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   }
   pthread_mutex_init(&e->lock, NULL);
-  tcc__cond_init_monotonic(&e->coll_cv); /* timed waits on the tcc_now_ns clock */
+  tcc__cond_init_monotonic(&e->coll_cv); /* timed waits on the tcc__now_ns clock */
   pthread_cond_init(&e->p2p_cv, NULL);
   pthread_cond_init(&e->waiter_cv, NULL);
   comm->engine = e;
@@ -35,7 +35,7 @@ static tcc_result_t host_attach(tcc_comm_t *comm, tcc_err_t *err) {
   if (rc != 0) {
     host_stop(comm);
     host_release(comm);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s': cannot start engine threads: %s", comm->name,
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s': cannot start engine threads: %s", comm->name,
                        strerror(rc));
   }
   return TCC_OK;
@@ -52,7 +52,7 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     char msg[TCC_ERRLEN];
     snprintf(msg, sizeof msg, "tccomm op on '%s' (rank %d) not run: the communicator is being destroyed",
              comm->name, comm->rank);
-    tcc_op_finish(op, TCC_ERR_ABORTED, msg);
+    tcc__op_finish(op, TCC_ERR_ABORTED, msg);
     tcc_op_release(op);
     return TCC_OK;
   }
@@ -60,12 +60,12 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     /* Numbered under the lock so numbers follow queue order. */
     op->seq = atomic_fetch_add(&comm->coll_issued, 1) + 1;
     tcc__queue_push(&e->coll_head, &e->coll_tail, op);
-    e->last_submit_ns = tcc_now_ns();
+    e->last_submit_ns = tcc__now_ns();
     if (e->coll_deep_sleep) pthread_cond_signal(&e->coll_cv); /* see host.h */
     pthread_mutex_unlock(&e->lock);
     return TCC_OK;
   }
-  op->deadline_ns = tcc_deadline_after_ms(op->timeout_ms);
+  op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
   tcc__queue_push(&e->p2p_new_head, &e->p2p_new_tail, op);
   e->p2p_pending++;
   int idle = e->p2p_idle;
@@ -134,7 +134,7 @@ static tcc_result_t host_wait(tcc_op_t *op, int64_t timeout_ms) {
       op->exec->start(op);
     }
   }
-  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc_deadline_after_ms(timeout_ms));
+  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms));
 }
 
 static void host_start(tcc_op_t *op) {

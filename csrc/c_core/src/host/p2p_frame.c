@@ -13,14 +13,14 @@ static uint32_t check_word(uint64_t tag, uint64_t bytes) {
   return (uint32_t)(z ^ (z >> 32));
 }
 
-void tcc_p2p_frame_make(tcc_p2p_frame_t *f, uint64_t tag, uint64_t bytes) {
+void tcc__p2p_frame_make(tcc_p2p_frame_t *f, uint64_t tag, uint64_t bytes) {
   f->magic = TCC_P2P_FRAME_MAGIC;
   f->check = check_word(tag, bytes);
   f->tag = tag;
   f->bytes = bytes;
 }
 
-tcc_result_t tcc_p2p_frame_check(const tcc_comm_t *comm, int peer, const tcc_p2p_frame_t *f, tcc_err_t *err) {
+tcc_result_t tcc__p2p_frame_check(const tcc_comm_t *comm, int peer, const tcc_p2p_frame_t *f, tcc_err_t *err) {
   const char *what = NULL;
   if (f->magic != TCC_P2P_FRAME_MAGIC)
     what = "no frame header where one must start";
@@ -29,7 +29,7 @@ tcc_result_t tcc_p2p_frame_check(const tcc_comm_t *comm, int peer, const tcc_p2p
   else if (f->bytes > TCC_P2P_FRAME_MAX_BYTES)
     what = "a frame header with an impossible length";
   if (!what) return TCC_OK;
-  return tcc_err_set(err, TCC_ERR_REMOTE,
+  return tcc__err_set(err, TCC_ERR_REMOTE,
                      "tccomm p2p on '%s' (rank %d): corrupt stream from rank %d: %s (magic 0x%08x, tag %llu, "
                      "%llu bytes); the byte streams are out of step, so no further message from rank %d "
                      "can be trusted",

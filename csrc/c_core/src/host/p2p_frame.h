@@ -26,11 +26,11 @@ typedef struct tcc_p2p_frame {
   uint64_t bytes; /* payload length that follows the header */
 } tcc_p2p_frame_t;
 
-void tcc_p2p_frame_make(tcc_p2p_frame_t *f, uint64_t tag, uint64_t bytes);
+void tcc__p2p_frame_make(tcc_p2p_frame_t *f, uint64_t tag, uint64_t bytes);
 
-/* TCC_OK when f is a frame tcc_p2p_frame_make could have written, else
+/* TCC_OK when f is a frame tcc__p2p_frame_make could have written, else
  * TCC_ERR_REMOTE with a message naming the group, this rank, the sending
  * peer and what is wrong. */
-tcc_result_t tcc_p2p_frame_check(const tcc_comm_t *comm, int peer, const tcc_p2p_frame_t *f, tcc_err_t *err);
+tcc_result_t tcc__p2p_frame_check(const tcc_comm_t *comm, int peer, const tcc_p2p_frame_t *f, tcc_err_t *err);
 
 #endif /* TCC_P2P_FRAME_H */

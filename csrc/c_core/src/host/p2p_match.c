@@ -20,11 +20,11 @@ static void fail_p2p_op(tcc_op_t *op, tcc_result_t code, const char *cause) {
   snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) %s %s, tag %llu: %.360s",
            is_send ? "send" : "recv", op->comm->name, op->comm->rank, is_send ? "to" : "from", peer,
            (unsigned long long)op->tag, cause);
-  tcc_op_finish(op, code, msg);
+  tcc__op_finish(op, code, msg);
 }
 
 static void finish_p2p(tcc_engine_t *e, tcc_op_t *op, tcc_result_t r, const char *cause) {
-  if (r == TCC_OK) tcc_op_finish(op, TCC_OK, NULL);
+  if (r == TCC_OK) tcc__op_finish(op, TCC_OK, NULL);
   else fail_p2p_op(op, r, cause);
   e->p2p_pending--;
   tcc_op_release(op);
@@ -144,7 +144,7 @@ static ssize_t progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
       ssize_t n;
       if (op->done_bytes < sizeof(tcc_p2p_frame_t)) {
         tcc_p2p_frame_t h;
-        tcc_p2p_frame_make(&h, op->tag, op->bytes);
+        tcc__p2p_frame_make(&h, op->tag, op->bytes);
         n = comm->ops->p2p_write(comm, peer, (char *)&h + op->done_bytes,
                                  sizeof h - op->done_bytes, err);
       } else {
@@ -176,7 +176,7 @@ static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
       moved += n;
       ps->in_hdr_got += (size_t)n;
       if (ps->in_hdr_got < sizeof ps->in_hdr) continue;
-      if (tcc_p2p_frame_check(comm, peer, &ps->in_hdr, err) != TCC_OK) return -1;
+      if (tcc__p2p_frame_check(comm, peer, &ps->in_hdr, err) != TCC_OK) return -1;
       ps->in_hdr_got = 0;
       ps->in_payload = 1;
       size_t bytes = (size_t)ps->in_hdr.bytes;
@@ -189,7 +189,7 @@ static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
         if (!m || (bytes && !data)) {
           free(m);
           free(data);
-          tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm p2p on '%s' (rank %d): out of memory buffering %zu bytes",
+          tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm p2p on '%s' (rank %d): out of memory buffering %zu bytes",
                       comm->name, comm->rank, bytes);
           return -1;
         }
@@ -275,7 +275,7 @@ static void expire_queue(tcc_comm_t *comm, tcc_op_t **head, tcc_op_t **tail, int
     }
     /* A send cut part-way leaves the byte stream unusable. */
     if (!all && op->kind == TCC_OP_SEND && op->done_bytes > 0)
-      tcc_comm_fail(comm, TCC_ERR_TIMEOUT, "a point-to-point send timed out part-way");
+      tcc__comm_fail(comm, TCC_ERR_TIMEOUT, "a point-to-point send timed out part-way");
     *link = op->next;
     if (*tail == op) *tail = prev;
     char why[TCC_ERRLEN];
@@ -390,7 +390,7 @@ void *tcc__host_p2p_thread(void *arg) {
       if (err.code != TCC_OK) break_peer(comm, ps, &err);
       else want_write[p] = ps->send_head != NULL;
     }
-    int64_t now = tcc_now_ns();
+    int64_t now = tcc__now_ns();
     expire_p2p_ops(comm, now, 0, TCC_ERR_TIMEOUT, "check that the peer posts the matching operation");
     if (moved > 0) {
       idle_spins = 0;

@@ -49,16 +49,16 @@ static tcc_result_t share_unique_id(tcc_comm_t *comm, const tcc_nccl_lib_t *lib,
   tcc_op_t *op = NULL;
   tcc_result_t r = tcc_broadcast(comm, b, 0, NULL, &op);
   if (r != TCC_OK)
-    return tcc_err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL unique id failed: %s", comm->name,
+    return tcc__err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL unique id failed: %s", comm->name,
                        comm->rank, tcc_last_error());
   r = tcc_op_wait(op, -1);
   if (r != TCC_OK)
-    tcc_err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL unique id failed: %s", comm->name, comm->rank,
+    tcc__err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL unique id failed: %s", comm->name, comm->rank,
                 tcc_op_error(op));
   tcc_op_release(op);
   if (r != TCC_OK) return r;
   if (msg[0] != 1)
-    return tcc_err_set(err, TCC_ERR_REMOTE, "tccomm '%s' (rank %d): rank 0 could not create an NCCL unique id%s%s",
+    return tcc__err_set(err, TCC_ERR_REMOTE, "tccomm '%s' (rank %d): rank 0 could not create an NCCL unique id%s%s",
                        comm->name, comm->rank, comm->rank == 0 ? ": " : "",
                        comm->rank == 0 ? lib->GetErrorString(nr) : "");
   memcpy(id, msg + 1, sizeof *id);
@@ -78,17 +78,17 @@ static tcc_result_t cuda_init_locked(tcc_comm_t *comm, int device, tcc_err_t *er
   int ndev = 0;
   cudaError_t e = cudaGetDeviceCount(&ndev);
   if (e != cudaSuccess || ndev == 0)
-    return tcc_err_set(err, TCC_ERR_UNSUPPORTED, "tccomm '%s' (rank %d): no usable CUDA device: %s", comm->name,
+    return tcc__err_set(err, TCC_ERR_UNSUPPORTED, "tccomm '%s' (rank %d): no usable CUDA device: %s", comm->name,
                        comm->rank, e != cudaSuccess ? cudaGetErrorString(e) : "the device count is 0");
   if (device < 0 || device >= ndev)
-    return tcc_err_set(err, TCC_ERR_INVALID, "tccomm '%s' (rank %d): CUDA device %d does not exist (%d visible)",
+    return tcc__err_set(err, TCC_ERR_INVALID, "tccomm '%s' (rank %d): CUDA device %d does not exist (%d visible)",
                        comm->name, comm->rank, device, ndev);
   ncclUniqueId id;
   tcc_result_t r = share_unique_id(comm, lib, &id, err);
   if (r != TCC_OK) return r;
 
   struct tcc_cuda *c = calloc(1, sizeof *c);
-  if (!c) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  if (!c) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   c->nccl = lib;
   c->device = device;
   int prev = device;
@@ -98,14 +98,14 @@ static tcc_result_t cuda_init_locked(tcc_comm_t *comm, int device, tcc_err_t *er
   if (e != cudaSuccess) {
     tcc_cuda_leave_device(device, prev);
     free_state(c);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): setting up CUDA device %d failed: %s",
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): setting up CUDA device %d failed: %s",
                        comm->name, comm->rank, device, cudaGetErrorString(e));
   }
   ncclResult_t nr = lib->CommInitRank(&c->nc, comm->size, id, comm->rank);
   tcc_cuda_leave_device(device, prev);
   if (nr != ncclSuccess) {
     free_state(c);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): ncclCommInitRank on CUDA device %d failed: %s",
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): ncclCommInitRank on CUDA device %d failed: %s",
                        comm->name, comm->rank, device, lib->GetErrorString(nr));
   }
   atomic_store(&nccl_comm_of(comm)->state, c); /* before the watchdog starts: it reads it */
@@ -125,7 +125,7 @@ struct tcc_cuda *tcc_cuda_state_for(tcc_comm_t *comm, int device, const char *wh
     c = nccl_state_of(comm);
   }
   if (c->device != device) {
-    tcc_err_set(err, TCC_ERR_INVALID,
+    tcc__err_set(err, TCC_ERR_INVALID,
                 "tccomm %s on '%s' (rank %d): the buffers are on CUDA device %d but this group uses device %d "
                 "(one device per process and group)",
                 what, comm->name, comm->rank, device, c->device);

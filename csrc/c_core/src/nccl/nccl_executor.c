@@ -28,10 +28,10 @@ static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc_cuda *c, tcc_o
   if (ev) e = cudaEventRecord(ev, c->stream);
   if (e != cudaSuccess) {
     tcc_cuda_event_put(c->device, ev);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): recording its completion failed: %s",
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): recording its completion failed: %s",
                        tcc__op_name(op), comm->name, comm->rank, cudaGetErrorString(e));
   }
-  op->deadline_ns = tcc_deadline_after_ms(op->timeout_ms);
+  op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
   nccl_op_of(op)->captured = captured;
   atomic_store(&nccl_op_of(op)->event, ev); /* after the fields its readers check */
   if (!captured) tcc_cuda_watch(c, op);
@@ -42,7 +42,7 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   const char *what = tcc__op_name(op);
   const int device = op->device;
   nccl_op_t *st = calloc(1, sizeof *st);
-  if (!st) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory", what, comm->name, comm->rank);
+  if (!st) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory", what, comm->name, comm->rank);
   op->exec_state = st;
   pthread_mutex_lock(&nccl_comm_of(comm)->lock);
   int prev = device;
@@ -55,7 +55,7 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   if (atomic_load(&comm->aborted) || c->nccl_aborted) {
     char cause[TCC_ERRLEN];
     tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
-    r = tcc_err_set(err, code != TCC_OK ? code : TCC_ERR_ABORTED,
+    r = tcc__err_set(err, code != TCC_OK ? code : TCC_ERR_ABORTED,
                     "tccomm %s on '%s' (rank %d): communicator is no longer usable: %.400s", what, comm->name,
                     comm->rank, cause);
     goto out;
@@ -68,7 +68,7 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   if (e == cudaSuccess) e = cudaEventRecord(c->order_event, s);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream, c->order_event, 0);
   if (e != cudaSuccess) {
-    r = tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ordering after the caller's stream failed: %s",
+    r = tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ordering after the caller's stream failed: %s",
                     what, comm->name, comm->rank, cudaGetErrorString(e));
     goto out;
   }
@@ -76,7 +76,7 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   if (tcc__comm_in_group(comm) && !c->nccl_group_open) {
     ncclResult_t nr = c->nccl->GroupStart();
     if (nr != ncclSuccess) {
-      r = tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ncclGroupStart failed: %s", what,
+      r = tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ncclGroupStart failed: %s", what,
                       comm->name, comm->rank, c->nccl->GetErrorString(nr));
       goto out;
     }
@@ -132,7 +132,7 @@ static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
     tcc_err_t err = {TCC_OK, {0}};
     tcc_result_t r;
     if (nr != ncclSuccess && nr != ncclInProgress)
-      r = tcc_err_set(&err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ncclGroupEnd failed: %s",
+      r = tcc__err_set(&err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ncclGroupEnd failed: %s",
                       tcc__op_name(op), comm->name, comm->rank, c->nccl->GetErrorString(nr));
     else
       r = complete_enqueue(comm, c, op, captured, &err);
@@ -142,7 +142,7 @@ static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
       snprintf(op->error, sizeof op->error, "%s", err.msg);
       if (first == TCC_OK) {
         first = r;
-        tcc_err_set(first_err, r, "%s", err.msg);
+        tcc__err_set(first_err, r, "%s", err.msg);
       }
     }
     if (r != TCC_OK || nccl_op_of(op)->captured) {
@@ -160,7 +160,7 @@ static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
     op->next = NULL;
     if (op->result == TCC_ERR_INPROGRESS) tcc_cuda_finish(op, TCC_OK, NULL);
     else {
-      char msg[TCC_ERRLEN]; /* tcc_op_finish writes op->error */
+      char msg[TCC_ERRLEN]; /* tcc__op_finish writes op->error */
       snprintf(msg, sizeof msg, "%s", op->error);
       tcc_cuda_finish(op, op->result, msg);
     }
@@ -184,7 +184,7 @@ static int nccl_test(tcc_op_t *op) {
 
 /* The watchdog finishes the op (or fails it at its deadline). */
 static tcc_result_t nccl_wait(tcc_op_t *op, int64_t timeout_ms) {
-  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc_deadline_after_ms(timeout_ms));
+  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms));
 }
 
 /* Enqueued ops progress on the device by themselves. */
@@ -210,7 +210,7 @@ static void nccl_op_free(tcc_op_t *op) {
 
 static tcc_result_t nccl_attach(tcc_comm_t *comm, tcc_err_t *err) {
   nccl_comm_t *nc = calloc(1, sizeof *nc);
-  if (!nc) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  if (!nc) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   pthread_mutex_init(&nc->lock, NULL);
   comm->device_state = nc;
   return TCC_OK;

@@ -24,14 +24,14 @@ static tcc_result_t nccl_failed(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_
                                 const char *call, ncclResult_t r, tcc_err_t *err) {
   const char *last = c->nccl->GetLastError ? c->nccl->GetLastError(c->nc) : NULL;
   tcc_result_t code = r == ncclInvalidArgument || r == ncclInvalidUsage ? TCC_ERR_INVALID : TCC_ERR_SYSTEM;
-  return tcc_err_set(err, code, "tccomm %s on '%s' (rank %d): %s failed: %s%s%.200s", tcc__op_name(op),
+  return tcc__err_set(err, code, "tccomm %s on '%s' (rank %d): %s failed: %s%s%.200s", tcc__op_name(op),
                      comm->name, comm->rank, call, c->nccl->GetErrorString(r),
                      last && *last ? ": " : "", last ? last : "");
 }
 
 static tcc_result_t cuda_failed(tcc_comm_t *comm, const tcc_op_t *op, const char *call, cudaError_t e,
                                 tcc_err_t *err) {
-  return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): %s failed: %s", tcc__op_name(op),
+  return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): %s failed: %s", tcc__op_name(op),
                      comm->name, comm->rank, call, cudaGetErrorString(e));
 }
 
@@ -49,7 +49,7 @@ static tcc_result_t cuda_failed(tcc_comm_t *comm, const tcc_op_t *op, const char
   } while (0)
 
 static tcc_result_t unsupported(tcc_comm_t *comm, const tcc_op_t *op, const char *why, tcc_err_t *err) {
-  return tcc_err_set(err, TCC_ERR_UNSUPPORTED, "tccomm %s on '%s' (rank %d): %s", tcc__op_name(op),
+  return tcc__err_set(err, TCC_ERR_UNSUPPORTED, "tccomm %s on '%s' (rank %d): %s", tcc__op_name(op),
                      comm->name, comm->rank, why);
 }
 
@@ -135,7 +135,7 @@ static tcc_result_t map_redop(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op
         /* float16 / bfloat16: 1.0 x factor, rounded the way the host path rounds. */
         const uint16_t one = dt == TCC_FLOAT16 ? 0x3C00 : 0x3F80;
         const void *src = &one;
-        tcc_reduce_n(&scalar.h, &src, 1, 1, dt, TCC_PREMUL_SUM, op->coll.premul);
+        tcc__reduce_n(&scalar.h, &src, 1, 1, dt, TCC_PREMUL_SUM, op->coll.premul);
       }
       NCCL_TRY("ncclRedOpCreatePreMulSum",
                c->nccl->RedOpCreatePreMulSum(out, &scalar, t, ncclScalarHostImmediate, c->nc));

@@ -95,6 +95,6 @@ static void load(void) {
 const tcc_nccl_lib_t *tcc_nccl_lib(tcc_err_t *err) {
   pthread_once(&load_once, load);
   if (loaded) return &lib;
-  tcc_err_set(err, TCC_ERR_UNSUPPORTED, "tccomm: %s", load_error);
+  tcc__err_set(err, TCC_ERR_UNSUPPORTED, "tccomm: %s", load_error);
   return NULL;
 }

@@ -74,7 +74,7 @@ void tcc_cuda_event_put(int device, cudaEvent_t ev) {
 
 void tcc_cuda_finish(tcc_op_t *op, tcc_result_t r, const char *msg) {
   if (atomic_exchange(&nccl_op_of(op)->reaped, 1)) return;
-  tcc_op_finish(op, r, msg);
+  tcc__op_finish(op, r, msg);
 }
 
 void tcc_cuda_abort_nccl(tcc_comm_t *comm, struct tcc_cuda *c) {
@@ -108,7 +108,7 @@ static void fail_all(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list) {
  * Sets *failed when the communicator failed while checking. */
 static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list, int *failed) {
   tcc_op_t *keep = NULL, **tail = &keep;
-  const int64_t now = tcc_now_ns();
+  const int64_t now = tcc__now_ns();
   while (list) {
     tcc_op_t *op = list;
     list = op->next;
@@ -133,7 +133,7 @@ static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list, 
       tail = &op->next;
       continue;
     }
-    tcc_comm_fail(comm, q == cudaErrorNotReady ? TCC_ERR_TIMEOUT : TCC_ERR_SYSTEM, msg);
+    tcc__comm_fail(comm, q == cudaErrorNotReady ? TCC_ERR_TIMEOUT : TCC_ERR_SYSTEM, msg);
     tcc_cuda_abort_nccl(comm, c);
     tcc_cuda_finish(op, q == cudaErrorNotReady ? TCC_ERR_TIMEOUT : TCC_ERR_SYSTEM, msg);
     tcc_op_release(op);
@@ -162,11 +162,11 @@ static void check_async_error(tcc_comm_t *comm, struct tcc_cuda *c) {
   const char *last = c->nccl->GetLastError ? c->nccl->GetLastError(c->nc) : NULL;
   snprintf(msg, sizeof msg, "tccomm '%s' (rank %d): NCCL reported an error: %s%s%.200s", comm->name, comm->rank,
            c->nccl->GetErrorString(ae), last && *last ? ": " : "", last ? last : "");
-  tcc_comm_fail(comm, TCC_ERR_REMOTE, msg);
+  tcc__comm_fail(comm, TCC_ERR_REMOTE, msg);
 }
 
 static void timed_wait(struct tcc_cuda *c, int64_t ns) {
-  int64_t until = tcc_now_ns() + ns;
+  int64_t until = tcc__now_ns() + ns;
   struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
   pthread_cond_timedwait(&c->cv, &c->lock, &ts);
 }
@@ -187,7 +187,7 @@ static void *watch_main(void *arg) {
         pthread_mutex_lock(&c->lock);
         continue;
       }
-      if (tcc_now_ns() - c->last_submit_ns < WATCH_WINDOW_NS) {
+      if (tcc__now_ns() - c->last_submit_ns < WATCH_WINDOW_NS) {
         timed_wait(c, WATCH_IDLE_POLL_NS);
       } else {
         c->deep_sleep = 1;
@@ -223,11 +223,11 @@ static void *watch_main(void *arg) {
 
 tcc_result_t tcc_cuda_watch_start(tcc_comm_t *comm, struct tcc_cuda *c, tcc_err_t *err) {
   pthread_mutex_init(&c->lock, NULL);
-  tcc__cond_init_monotonic(&c->cv); /* timed waits on the tcc_now_ns clock */
-  c->last_submit_ns = tcc_now_ns();
+  tcc__cond_init_monotonic(&c->cv); /* timed waits on the tcc__now_ns clock */
+  c->last_submit_ns = tcc__now_ns();
   int rc = pthread_create(&c->thread, NULL, watch_main, comm);
   if (rc != 0)
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): cannot start the CUDA watchdog: %s",
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): cannot start the CUDA watchdog: %s",
                        comm->name, comm->rank, strerror(rc));
   c->thread_started = 1;
   return TCC_OK;
@@ -239,7 +239,7 @@ void tcc_cuda_watch(struct tcc_cuda *c, tcc_op_t *op) {
   pthread_mutex_lock(&c->lock);
   if (c->tail) c->tail->next = op; else c->head = op;
   c->tail = op;
-  c->last_submit_ns = tcc_now_ns();
+  c->last_submit_ns = tcc__now_ns();
   if (c->deep_sleep) pthread_cond_signal(&c->cv); /* see the file comment */
   pthread_mutex_unlock(&c->lock);
 }

@@ -41,7 +41,7 @@ static tcc_result_t none_attach(tcc_comm_t *comm, tcc_err_t *err) {
 
 static tcc_result_t none_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tcc_err_t *err) {
   (void)stream;
-  return tcc_err_set(err, TCC_ERR_UNSUPPORTED,
+  return tcc__err_set(err, TCC_ERR_UNSUPPORTED,
                      "tccomm %s on '%s': buffers on CUDA device %d, but tccomm was built without CUDA",
                      tcc__op_name(op), comm->name, op->device);
 }
@@ -49,7 +49,7 @@ static tcc_result_t none_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
 static int none_test(tcc_op_t *op) { return atomic_load(&op->finished); }
 
 static tcc_result_t none_wait(tcc_op_t *op, int64_t timeout_ms) {
-  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc_deadline_after_ms(timeout_ms));
+  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms));
 }
 
 static void none_start(tcc_op_t *op) { (void)op; }

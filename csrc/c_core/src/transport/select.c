@@ -20,11 +20,11 @@ static int same_shm(const tcc_blob_t *a, const tcc_blob_t *b) {
   return same_host(a, b) && a->shm_dev != 0 && a->shm_dev == b->shm_dev && a->shm_ino == b->shm_ino;
 }
 
-tcc_result_t tcc_blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc_err_t *err) {
+tcc_result_t tcc__blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc_err_t *err) {
   for (int r = 0; r < n; r++) {
     memcpy(&blobs[r], raw + (size_t)r * TCC_ENDPOINT_BLOB_SIZE, sizeof blobs[r]);
     if (blobs[r].magic != TCC_BLOB_MAGIC)
-      return tcc_err_set(err, TCC_ERR_INVALID, "tccomm: endpoint blob of rank %d is not a tccomm endpoint", r);
+      return tcc__err_set(err, TCC_ERR_INVALID, "tccomm: endpoint blob of rank %d is not a tccomm endpoint", r);
     /* The strings came from another process: terminate them here so no
      * later use can run past their fields. */
     blobs[r].hostname[sizeof blobs[r].hostname - 1] = '\0';
@@ -33,7 +33,7 @@ tcc_result_t tcc_blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc_
   return TCC_OK;
 }
 
-tcc_result_t tcc_comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
+tcc_result_t tcc__comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
                                        tcc_transport_t *out, tcc_err_t *err) {
   tcc_transport_t t = cfg->transport;
   if (t == TCC_TRANSPORT_AUTO) {
@@ -42,7 +42,7 @@ tcc_result_t tcc_comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_b
     else if (strcmp(env, "shm") == 0) t = TCC_TRANSPORT_SHM;
     else if (strcmp(env, "tcp") == 0) t = TCC_TRANSPORT_TCP;
     else
-      return tcc_err_set(err, TCC_ERR_INVALID,
+      return tcc__err_set(err, TCC_ERR_INVALID,
                          "tccomm: TCCOMM_TRANSPORT='%s' is not one of auto, shm, tcp", env);
   }
   int hosts = 1, shared = 1;
@@ -52,10 +52,10 @@ tcc_result_t tcc_comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_b
   }
   if (t == TCC_TRANSPORT_AUTO) t = shared ? TCC_TRANSPORT_SHM : TCC_TRANSPORT_TCP;
   if (t == TCC_TRANSPORT_SHM && !hosts)
-    return tcc_err_set(err, TCC_ERR_INVALID,
+    return tcc__err_set(err, TCC_ERR_INVALID,
                        "tccomm: shared-memory transport requested but the ranks are on different hosts");
   if (t == TCC_TRANSPORT_SHM && !shared)
-    return tcc_err_set(err, TCC_ERR_INVALID,
+    return tcc__err_set(err, TCC_ERR_INVALID,
                        "tccomm: shared-memory transport requested but the ranks do not share /dev/shm "
                        "(separate containers or mount namespaces); use TCCOMM_TRANSPORT=tcp");
   *out = t;
@@ -68,13 +68,13 @@ tcc_result_t tcc__transport_setup(tcc_comm_t *comm, tcc_transport_t transport, t
   switch (transport) {
     case TCC_TRANSPORT_SHM:
       tcc_endpoint_close(ep); /* no connections: the listening socket goes at once */
-      return tcc_shm_setup(comm, blobs, err);
+      return tcc__shm_setup(comm, blobs, err);
     case TCC_TRANSPORT_TCP:
-      r = tcc_tcp_setup(comm, ep, blobs, err);
+      r = tcc__tcp_setup(comm, ep, blobs, err);
       tcc_endpoint_close(ep);
       return r;
     default:
       tcc_endpoint_close(ep);
-      return tcc_err_set(err, TCC_ERR_INVALID, "tccomm '%s': no transport %d", comm->name, (int)transport);
+      return tcc__err_set(err, TCC_ERR_INVALID, "tccomm '%s': no transport %d", comm->name, (int)transport);
   }
 }

@@ -85,12 +85,12 @@ typedef struct tcc_transport_ops {
 
 /* Each transport's setup. `blobs` as in tcc_comm_create; on success sets
  * comm->ops and comm->transport_state. Bounded by comm->timeout_ms. */
-/* Sets up `transport` (tcc_comm_choose_transport's choice) for comm and
+/* Sets up `transport` (tcc__comm_choose_transport's choice) for comm and
  * closes ep. The one place that knows every transport. */
 tcc_result_t tcc__transport_setup(tcc_comm_t *comm, tcc_transport_t transport, tcc_endpoint_t *ep,
                                   const tcc_blob_t *blobs, tcc_err_t *err);
-tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err);
-tcc_result_t tcc_tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs,
+tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err);
+tcc_result_t tcc__tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs,
                            tcc_err_t *err);
 
 #endif /* TCC_TRANSPORT_TRANSPORT_H */

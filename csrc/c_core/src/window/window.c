@@ -45,9 +45,9 @@ static win_ctrl_t *ctrl_of(const tcc_window_t *win, int r) {
 
 /* Waits for a collective of `comm` just issued (r: the result of issuing it). */
 static tcc_result_t wait_coll(tcc_result_t r, tcc_op_t *op, tcc_err_t *err) {
-  if (r != TCC_OK) return tcc_err_set(err, r, "%s", tcc_last_error());
+  if (r != TCC_OK) return tcc__err_set(err, r, "%s", tcc_last_error());
   r = tcc_op_wait(op, -1);
-  if (r != TCC_OK) tcc_err_set(err, r, "%s", tcc_op_error(op));
+  if (r != TCC_OK) tcc__err_set(err, r, "%s", tcc_op_error(op));
   tcc_op_release(op);
   return r;
 }
@@ -58,12 +58,12 @@ static tcc_result_t exchange_hellos(tcc_comm_t *comm, size_t bytes, int64_t time
   win_hello_t mine;
   memset(&mine, 0, sizeof mine);
   mine.bytes = bytes;
-  if (comm->rank == 0 && tcc_random_bytes(mine.token, sizeof mine.token) != TCC_OK)
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s': no random bytes for the segment name",
+  if (comm->rank == 0 && tcc__random_bytes(mine.token, sizeof mine.token) != TCC_OK)
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm window on '%s': no random bytes for the segment name",
                        comm->name);
   const int n = comm->size;
   tcc_buf_t *recvs = calloc((size_t)n, sizeof *recvs);
-  if (!recvs) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  if (!recvs) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   for (int r = 0; r < n; r++) recvs[r] = (tcc_buf_t){&all[r], sizeof mine, TCC_UINT8, -1, NULL};
   tcc_op_opts_t opts = {timeout_ms, 1.0};
   tcc_op_t *op = NULL;
@@ -81,7 +81,7 @@ static void window_free(tcc_window_t *win) {
   free(win);
 }
 
-void tcc_window_layout(tcc_window_t *win, const win_hello_t *hellos) {
+void tcc__window_layout(tcc_window_t *win, const win_hello_t *hellos) {
   const int n = win->size;
   win->ctrl_stride = align_up(sizeof(win_ctrl_t) + (size_t)n * sizeof(atomic_ullong), 64);
   size_t at = align_up(WIN_HEADER_BYTES + (size_t)n * win->ctrl_stride, WIN_PAGE);
@@ -100,7 +100,7 @@ static void write_header(const tcc_window_t *win, void *base) {
   h->data_off = win->off[0];
 }
 
-tcc_result_t tcc_window_check_header(const tcc_window_t *win, const win_header_t *h, size_t mapped, const char *who,
+tcc_result_t tcc__window_check_header(const tcc_window_t *win, const win_header_t *h, size_t mapped, const char *who,
                                      tcc_err_t *err) {
   const struct {
     const char *what;
@@ -114,7 +114,7 @@ tcc_result_t tcc_window_check_header(const tcc_window_t *win, const win_header_t
   };
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     if (fields[i].got == fields[i].want) continue;
-    return tcc_err_set(err, TCC_ERR_INVALID,
+    return tcc__err_set(err, TCC_ERR_INVALID,
                        "%s: the window segment's header is inconsistent: %s is %llu, expected %llu: not trusted", who,
                        fields[i].what, (unsigned long long)fields[i].got, (unsigned long long)fields[i].want);
   }
@@ -126,26 +126,26 @@ tcc_result_t tcc_window_check_header(const tcc_window_t *win, const win_header_t
 static tcc_result_t open_segment(const tcc_window_t *win, const tcc_segment_id_t *id, int64_t deadline,
                                  const char *who, void **base, int *fd, tcc_err_t *err) {
   size_t mapped = 0;
-  tcc_result_t r = tcc_segment_open(id, win->rank, win->size, deadline, who, base, &mapped, fd, err);
+  tcc_result_t r = tcc__segment_open(id, win->rank, win->size, deadline, who, base, &mapped, fd, err);
   if (r != TCC_OK) return r;
-  r = tcc_window_check_header(win, *base, mapped, who, err);
+  r = tcc__window_check_header(win, *base, mapped, who, err);
   if (r != TCC_OK) {
     munmap(*base, mapped);
     *base = NULL;
-    tcc_fd_close(*fd);
+    tcc__fd_close(*fd);
     *fd = -1;
   }
   return r;
 }
 
-tcc_result_t tcc_window_check_hellos(const tcc_window_t *win, const win_hello_t *hellos, tcc_err_t *err) {
+tcc_result_t tcc__window_check_hellos(const tcc_window_t *win, const win_hello_t *hellos, tcc_err_t *err) {
   for (int r = 0; r < win->size; r++) {
     if (hellos[r].bytes == (uint64_t)TCC_WINDOW_DECLINE)
-      return tcc_err_set(err, TCC_ERR_INVALID,
+      return tcc__err_set(err, TCC_ERR_INVALID,
                          "tccomm window on '%s' (rank %d): rank %d could not register its buffer (its own error "
                          "says why)", win->name, win->rank, r);
     if (hellos[r].bytes > WIN_MAX_BYTES)
-      return tcc_err_set(err, TCC_ERR_INVALID, "tccomm window on '%s' (rank %d): rank %d asked for %llu bytes, more "
+      return tcc__err_set(err, TCC_ERR_INVALID, "tccomm window on '%s' (rank %d): rank %d asked for %llu bytes, more "
                          "than the %llu a window buffer may have", win->name, win->rank, r,
                          (unsigned long long)hellos[r].bytes, (unsigned long long)WIN_MAX_BYTES);
   }
@@ -158,11 +158,11 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
   win_hello_t *hellos = NULL;
   int seg_fd = -1; /* the segment's, until every rank mapped it */
   if (!comm || !out) {
-    tcc_err_set(&err, TCC_ERR_INVALID, "tccomm window: no communicator or output handle given");
+    tcc__err_set(&err, TCC_ERR_INVALID, "tccomm window: no communicator or output handle given");
     goto fail;
   }
   if (!(comm->ops->caps & TCC__TRANSPORT_SHARES_MEMORY)) {
-    tcc_err_set(&err, TCC_ERR_UNSUPPORTED,
+    tcc__err_set(&err, TCC_ERR_UNSUPPORTED,
                 "tccomm window on '%s' (rank %d): windows need the shared-memory transport (every rank on one "
                 "host), but this communicator uses %s",
                 comm->name, comm->rank, comm->ops->name);
@@ -178,7 +178,7 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
     win->consumed = calloc((size_t)n, sizeof *win->consumed);
   }
   if (!win || !hellos || !win->off || !win->bytes || !win->consumed) {
-    tcc_err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+    tcc__err_set(&err, TCC_ERR_SYSTEM, "tccomm: out of memory");
     goto fail;
   }
   win->rank = comm->rank;
@@ -186,39 +186,39 @@ tcc_result_t tcc_window_create(tcc_comm_t *comm, size_t bytes, int64_t timeout_m
   win->timeout_ms = timeout_ms;
   snprintf(win->name, sizeof win->name, "%s", comm->name);
 
-  const int64_t deadline = tcc_deadline_after_ms(timeout_ms);
+  const int64_t deadline = tcc__deadline_after_ms(timeout_ms);
   if (exchange_hellos(comm, bytes, timeout_ms, hellos, &err) != TCC_OK) goto fail;
   /* Checked after the exchange, on every rank alike: one rank's bad size
    * fails the creation everywhere at once instead of leaving peers waiting. */
-  if (tcc_window_check_hellos(win, hellos, &err) != TCC_OK) goto fail;
-  tcc_window_layout(win, hellos);
+  if (tcc__window_check_hellos(win, hellos, &err) != TCC_OK) goto fail;
+  tcc__window_layout(win, hellos);
   tcc_segment_id_t id;
   char who[160];
-  tcc_segment_id("win-", hellos[0].token, &id);
+  tcc__segment_id("win-", hellos[0].token, &id);
   snprintf(who, sizeof who, "tccomm window on '%s' (rank %d)", win->name, win->rank);
   void *base = NULL;
   if (win->rank == 0) {
-    if (tcc_segment_create(&id, win->total, n, who, &base, &seg_fd, &err) != TCC_OK) goto fail;
+    if (tcc__segment_create(&id, win->total, n, who, &base, &seg_fd, &err) != TCC_OK) goto fail;
     write_header(win, base);
-    tcc_segment_publish(base); /* buffers and counters start zeroed: nothing else to lay out */
+    tcc__segment_publish(base); /* buffers and counters start zeroed: nothing else to lay out */
   } else if (open_segment(win, &id, deadline, who, &base, &seg_fd, &err) != TCC_OK) {
     goto fail;
   }
   win->base = base;
   int got = 0;
-  tcc_result_t r = tcc_segment_attach(base, seg_fd, &id, win->rank, n, deadline, who, &got, &err);
+  tcc_result_t r = tcc__segment_attach(base, seg_fd, &id, win->rank, n, deadline, who, &got, &err);
   if (r == TCC_ERR_TIMEOUT)
-    tcc_err_set(&err, TCC_ERR_TIMEOUT, "%s: timed out after %lld ms: only %d of %d ranks mapped it", who,
+    tcc__err_set(&err, TCC_ERR_TIMEOUT, "%s: timed out after %lld ms: only %d of %d ranks mapped it", who,
                 (long long)timeout_ms, got, n);
   if (r != TCC_OK) goto fail;
   /* The name is gone: rank 0's lock has done its job. */
-  tcc_fd_close(seg_fd);
+  tcc__fd_close(seg_fd);
   free(hellos);
   *out = win;
   return TCC_OK;
 
 fail:
-  if (seg_fd >= 0) tcc_fd_close(seg_fd);
+  if (seg_fd >= 0) tcc__fd_close(seg_fd);
   window_free(win);
   free(hellos);
   return tcc__fail_with(&err, err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM);
@@ -266,7 +266,7 @@ tcc_result_t tcc_window_signal(tcc_window_t *win, int dst_rank) {
   atomic_fetch_add(&c->sig[win->rank], 1);
   if (atomic_load(&c->sleepers) > 0) {
     atomic_fetch_add(&c->futex, 1);
-    tcc_futex_wake_all(&c->futex);
+    tcc__futex_wake_all(&c->futex);
   }
   return TCC_OK;
 }
@@ -288,7 +288,7 @@ tcc_result_t tcc_window_wait_signal(tcc_window_t *win, int peer, int64_t timeout
   win_ctrl_t *c = ctrl_of(win, win->rank);
   signal_wait_t s = {&c->sig[peer], win->consumed[peer] + 1};
   const tcc__idle_wait_t w = {.ready = signal_arrived, .arg = &s, .yields = 64, .max_nap_ns = 50 * 1000000LL,
-                              .deadline_ns = tcc_deadline_after_ms(timeout_ms), .word = &c->futex,
+                              .deadline_ns = tcc__deadline_after_ms(timeout_ms), .word = &c->futex,
                               .sleepers = &c->sleepers};
   if (tcc__idle_wait(&w) != TCC_OK)
     return tcc__fail(TCC_ERR_TIMEOUT,

@@ -49,14 +49,14 @@ struct tcc_window {
 /* Every rank, after the allgather: refuses the window when any rank
  * declined or asked for more than WIN_MAX_BYTES (so the layout below
  * cannot overflow). The same verdict on every rank. */
-tcc_result_t tcc_window_check_hellos(const tcc_window_t *win, const win_hello_t *hellos, tcc_err_t *err);
+tcc_result_t tcc__window_check_hellos(const tcc_window_t *win, const win_hello_t *hellos, tcc_err_t *err);
 /* Offsets of control blocks and data buffers from the allgathered sizes
  * (already checked); fills win->ctrl_stride, off, bytes and total. */
-void tcc_window_layout(tcc_window_t *win, const win_hello_t *hellos);
+void tcc__window_layout(tcc_window_t *win, const win_hello_t *hellos);
 /* Ranks other than 0: rank 0's header and the verified size of the
  * mapping against the layout this rank computed. TCC_ERR_INVALID names
  * the first field that differs. */
-tcc_result_t tcc_window_check_header(const tcc_window_t *win, const win_header_t *h, size_t mapped, const char *who,
+tcc_result_t tcc__window_check_header(const tcc_window_t *win, const win_header_t *h, size_t mapped, const char *who,
                                      tcc_err_t *err);
 
 #endif /* TCC_WINDOW_H */

@@ -1,6 +1,6 @@
 /*
  * fuzz_blob.c - the endpoint blobs every rank gathers from the store:
- * decoding (tcc_blobs_decode) and the transport choice made from them.
+ * decoding (tcc__blobs_decode) and the transport choice made from them.
  *
  * Input: [n-1 (1 byte)] [requested transport (1 byte)] [n blobs of
  * TCC_ENDPOINT_BLOB_SIZE bytes]. The blobs sit in a buffer of exactly that
@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* The choice must depend on the blobs alone, not on this process. */
   unsetenv("TCCOMM_TRANSPORT");
   tcc_err_t err = {TCC_OK, {0}};
-  if (tcc_blobs_decode(raw, n, blobs, &err) == TCC_OK) {
+  if (tcc__blobs_decode(raw, n, blobs, &err) == TCC_OK) {
     for (int r = 0; r < n; r++) {
       assert(blobs[r].magic == TCC_BLOB_MAGIC);
       assert(strnlen(blobs[r].hostname, sizeof blobs[r].hostname) < sizeof blobs[r].hostname);
@@ -34,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     tcc_comm_config_t cfg = {.rank = 0, .size = n, .transport = (tcc_transport_t)(want % 3)};
     tcc_transport_t t = TCC_TRANSPORT_AUTO;
-    if (tcc_comm_choose_transport(&cfg, blobs, &t, &err) == TCC_OK)
+    if (tcc__comm_choose_transport(&cfg, blobs, &t, &err) == TCC_OK)
       assert(t == TCC_TRANSPORT_SHM || t == TCC_TRANSPORT_TCP);
   } else {
     assert(err.code == TCC_ERR_INVALID);

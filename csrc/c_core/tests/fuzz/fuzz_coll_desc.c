@@ -1,9 +1,9 @@
 /*
  * fuzz_coll_desc.c - the descriptors every rank publishes before a
- * collective (tcc_coll_desc_check), all-to-all split matrices included.
+ * collective (tcc__coll_desc_check), all-to-all split matrices included.
  *
  * Input: [n-1] [rank] [kind] then n descriptors of
- * tcc_coll_desc_bytes(kind, n) bytes each. Each descriptor gets a buffer of
+ * tcc__coll_desc_bytes(kind, n) bytes each. Each descriptor gets a buffer of
  * exactly that size, which is what both transports guarantee (at least
  * this rank's descriptor length per peer), so reading beyond it is a bug.
  */
@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const int n = 1 + fuzz_u8(&in) % MAX_RANKS;
   const int rank = fuzz_u8(&in) % n;
   const tcc_coll_kind_t kind = (tcc_coll_kind_t)(TCC_COLL_BROADCAST + fuzz_u8(&in) % TCC_COLL_BARRIER);
-  const size_t len = tcc_coll_desc_bytes(kind, n);
+  const size_t len = tcc__coll_desc_bytes(kind, n);
   void *descs[MAX_RANKS];
   for (int r = 0; r < n; r++) {
     descs[r] = malloc(len);
@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   snprintf(comm->name, sizeof comm->name, "fuzz");
   tcc_coll_t c = {.kind = kind};
   tcc_err_t err = {TCC_OK, {0}};
-  tcc_result_t r = tcc_coll_desc_check(comm, &c, (const void *const *)descs, &err);
+  tcc_result_t r = tcc__coll_desc_check(comm, &c, (const void *const *)descs, &err);
   assert(r == TCC_OK || (r == TCC_ERR_MISMATCH && err.msg[0]));
   free(comm);
   for (int j = 0; j < n; j++) free(descs[j]);

@@ -1,10 +1,10 @@
 /*
  * fuzz_p2p_frame.c - the header of every point-to-point message
- * (tcc_p2p_frame_check), as a peer's byte stream delivers it.
+ * (tcc__p2p_frame_check), as a peer's byte stream delivers it.
  *
  * Input: any number of 24-byte headers, back to back. Each one must either
  * be rejected with a message that names the sending rank, or be exactly
- * what tcc_p2p_frame_make writes for its tag and length (so nothing but a
+ * what tcc__p2p_frame_make writes for its tag and length (so nothing but a
  * real frame gets through). Each header's tag and length, made into a
  * frame, must also pass: the check never refuses what a sender writes.
  */
@@ -27,15 +27,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tcc_p2p_frame_t got, made;
     fuzz_take(&in, &got, sizeof got);
     tcc_err_t err = {TCC_OK, {0}};
-    if (tcc_p2p_frame_check(comm, 3, &got, &err) == TCC_OK) {
-      tcc_p2p_frame_make(&made, got.tag, got.bytes);
+    if (tcc__p2p_frame_check(comm, 3, &got, &err) == TCC_OK) {
+      tcc__p2p_frame_make(&made, got.tag, got.bytes);
       assert(memcmp(&made, &got, sizeof got) == 0);
     } else {
       assert(err.code == TCC_ERR_REMOTE && strstr(err.msg, "from rank 3") && strstr(err.msg, "'fuzz' (rank 1)"));
     }
-    tcc_p2p_frame_make(&made, got.tag, got.bytes % (TCC_P2P_FRAME_MAX_BYTES + 1));
+    tcc__p2p_frame_make(&made, got.tag, got.bytes % (TCC_P2P_FRAME_MAX_BYTES + 1));
     err.code = TCC_OK;
-    assert(tcc_p2p_frame_check(comm, 3, &made, &err) == TCC_OK);
+    assert(tcc__p2p_frame_check(comm, 3, &made, &err) == TCC_OK);
   } while (in.left > 0);
   free(comm);
   return 0;

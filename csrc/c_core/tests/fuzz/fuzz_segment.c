@@ -1,6 +1,6 @@
 /*
  * fuzz_segment.c - a shared-memory object under a segment's name, as
- * another rank finds it: tcc_segment_open's checks of mode, size, reserved
+ * another rank finds it: tcc__segment_open's checks of mode, size, reserved
  * pages, state, secret and failure reason, then (when it maps) the shm
  * transport's header check on the mapping. A real object is created per
  * input, so the checks run exactly as they do against a hostile or
@@ -8,7 +8,7 @@
  *
  * Input: [flags] [mode (2 bytes)] [file size (4 bytes)] [head bytes...]
  *   flags bit 0: write this group's secret into the head
- *         bit 1: state word = the "ready" value tcc_segment_publish writes
+ *         bit 1: state word = the "ready" value tcc__segment_publish writes
  *         bit 2: total_bytes = the file size
  *         bit 3: reserve every page (else only those written)
  *         bits 4-5: mode 0600, 0400, 0644, or the mode field
@@ -33,7 +33,7 @@ static void name_once(tcc_segment_id_t *id) {
     uint8_t token[TCC_TOKEN_BYTES] = {0};
     pid_t pid = getpid();
     memcpy(token, &pid, sizeof pid); /* one name per process: parallel runs do not meet */
-    tcc_segment_id("fuzz-", token, &cached);
+    tcc__segment_id("fuzz-", token, &cached);
     done = 1;
   }
   *id = cached;
@@ -59,7 +59,7 @@ static int make_object(const tcc_segment_id_t *id, fuzz_in_t *in) {
   tcc_segment_head_t head;
   fuzz_take(in, &head, sizeof head);
   if (flags & 1) memcpy(head.secret, id->secret, sizeof head.secret);
-  if (flags & 2) tcc_segment_publish(&head);
+  if (flags & 2) tcc__segment_publish(&head);
   if (flags & 4) head.total_bytes = file_size;
   int fd = shm_open(id->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return -1;
@@ -89,10 +89,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t bytes = 0;
   tcc_err_t err = {TCC_OK, {0}};
   /* A deadline in the past: one look, no waiting on an incomplete object. */
-  tcc_result_t r = tcc_segment_open(&id, 1, 2, tcc_now_ns() - 1, "fuzz", &base, &bytes, NULL, &err);
+  tcc_result_t r = tcc__segment_open(&id, 1, 2, tcc__now_ns() - 1, "fuzz", &base, &bytes, NULL, &err);
   if (r == TCC_OK) {
     assert(bytes >= TCC_SEGMENT_HEAD_BYTES && bytes <= MAX_FILE);
-    (void)tcc_shm_check_header(base, 2, bytes, "fuzz", &err);
+    (void)tcc__shm_check_header(base, 2, bytes, "fuzz", &err);
     munmap(base, bytes);
   } else {
     assert(err.msg[0]);

@@ -1,6 +1,6 @@
 /*
  * fuzz_shm_header.c - the shared-memory transport's header, written by
- * rank 0 and checked by every other rank before use (tcc_shm_check_header).
+ * rank 0 and checked by every other rank before use (tcc__shm_check_header).
  *
  * Input: [group size (2 bytes, taken modulo TCC_MAX_RANKS)] [mapped size
  * (8 bytes)] [shm_header_t]. The header sits in a buffer of exactly its size.
@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!h) abort();
   fuzz_take(&in, h, sizeof *h);
   tcc_err_t err = {TCC_OK, {0}};
-  if (tcc_shm_check_header(h, n, bytes, "fuzz", &err) == TCC_OK) {
+  if (tcc__shm_check_header(h, n, bytes, "fuzz", &err) == TCC_OK) {
     /* Accepted: everything the transport later derives from it fits. */
     assert(h->size == (uint32_t)n && h->small_bytes <= h->window);
     assert(h->ring_off <= h->seg.total_bytes && h->seg.total_bytes == bytes);

@@ -1,7 +1,7 @@
 /*
  * fuzz_tcp_hello.c - the TCP handshake: the hello an acceptor reads from
- * any connection to its listening port (tcp_hello_accept) and the reply a
- * connector reads back (tcp_ack_valid).
+ * any connection to its listening port (tcc__tcp_hello_accept) and the reply a
+ * connector reads back (tcc__tcp_ack_valid).
  *
  * Input: [n-1] [me] [ack peer] [ack chan] [claimed: 2n bytes, low bit]
  * [this rank's token] [tcp_hello_t]. `claimed` has exactly 2n entries.
@@ -28,11 +28,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fuzz_take(&in, &h, sizeof h);
 
   int peer = -1, chan = -1;
-  if (tcp_hello_accept(&h, n, me, token, claimed, &peer, &chan)) {
+  if (tcc__tcp_hello_accept(&h, n, me, token, claimed, &peer, &chan)) {
     assert(peer > me && peer < n && chan >= 0 && chan < TCP_NCHAN);
     assert(!claimed[2 * peer + chan]);
   }
-  if (tcp_ack_valid(&h, ack_peer, ack_chan, token)) assert(h.rank == (uint32_t)ack_peer);
+  if (tcc__tcp_ack_valid(&h, ack_peer, ack_chan, token)) assert(h.rank == (uint32_t)ack_peer);
   free(claimed);
   return 0;
 }

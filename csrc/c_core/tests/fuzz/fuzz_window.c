@@ -1,7 +1,7 @@
 /*
  * fuzz_window.c - window creation: the sizes every rank allgathers
- * (tcc_window_check_hellos), the layout computed from them, and rank 0's
- * segment header checked against it (tcc_window_check_header).
+ * (tcc__window_check_hellos), the layout computed from them, and rank 0's
+ * segment header checked against it (tcc__window_check_header).
  *
  * Input: [n-1] [rank] [n win_hello_t] [win_header_t] [mapped size (8 bytes)].
  */
@@ -28,11 +28,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fuzz_take(&in, h, sizeof *h);
   const size_t mapped = (size_t)fuzz_u64(&in);
   tcc_err_t err = {TCC_OK, {0}};
-  if (tcc_window_check_hellos(&win, hellos, &err) == TCC_OK) {
-    tcc_window_layout(&win, hellos);
+  if (tcc__window_check_hellos(&win, hellos, &err) == TCC_OK) {
+    tcc__window_layout(&win, hellos);
     /* The layout must not have wrapped: each buffer lies inside the total. */
     for (int r = 0; r < n; r++) assert(win.off[r] + win.bytes[r] <= win.total);
-    if (tcc_window_check_header(&win, h, mapped, "fuzz", &err) == TCC_OK) assert(mapped == win.total);
+    if (tcc__window_check_header(&win, h, mapped, "fuzz", &err) == TCC_OK) assert(mapped == win.total);
   }
   free(win.off);
   free(win.bytes);

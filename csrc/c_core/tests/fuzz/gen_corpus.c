@@ -116,9 +116,9 @@ static void coll_seed(const char *name, int n, tcc_coll_kind_t kind, uint64_t ba
     tcc_coll_t c = {.kind = kind, .dtype = TCC_FLOAT32, .redop = TCC_SUM, .root = 0, .count = 10,
                     .send_counts = sends[r], .recv_counts = recvs[r]};
     uint8_t d[256] = {0};
-    size_t len = tcc_coll_desc_bytes(kind, n);
+    size_t len = tcc__coll_desc_bytes(kind, n);
     assert(len <= sizeof d);
-    tcc_coll_desc_fill(&c, r == 2 ? bad_rank_seq : 5, n, d);
+    tcc__coll_desc_fill(&c, r == 2 ? bad_rank_seq : 5, n, d);
     if (bad_split && r == 2) d[sizeof(tcc_coll_desc_t)] ^= 1;
     put(&o, d, len);
   }
@@ -145,7 +145,7 @@ static void shm_layout(shm_header_t *h, int n, uint64_t window) {
   h->small_bytes = window < 32768 ? window : 32768;
   h->ring_bytes = n <= 4 ? (1u << 20) : align_to((4u << 20) / (uint64_t)n, 4096);
   if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
-  h->desc_stride = align_to(tcc_coll_desc_bytes(TCC_COLL_ALLTOALL, n), TCC_CACHELINE);
+  h->desc_stride = align_to(tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, n), TCC_CACHELINE);
   h->ctrl_off = TCC_SEGMENT_HEAD_BYTES;
   h->desc_off = align_to(h->ctrl_off + (uint64_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
   h->data_off = align_to(h->desc_off + (uint64_t)n * 2 * h->desc_stride, 4096);
@@ -157,7 +157,7 @@ static void shm_seed(const char *name, int n, uint64_t window, int broken_field)
   shm_header_t h;
   shm_layout(&h, n, window);
   tcc_err_t err = {TCC_OK, {0}};
-  if (tcc_shm_check_header(&h, n, h.seg.total_bytes, "gen", &err) != TCC_OK) {
+  if (tcc__shm_check_header(&h, n, h.seg.total_bytes, "gen", &err) != TCC_OK) {
     fprintf(stderr, "gen_corpus: %s\n", err.msg);
     exit(1);
   }
@@ -188,13 +188,13 @@ static void window_seed(const char *name, uint64_t b0, uint64_t b1, int broken) 
   tcc_err_t err = {TCC_OK, {0}};
   win_header_t h;
   memset(&h, 0, sizeof h);
-  if (tcc_window_check_hellos(&win, hellos, &err) == TCC_OK) {
-    tcc_window_layout(&win, hellos);
+  if (tcc__window_check_hellos(&win, hellos, &err) == TCC_OK) {
+    tcc__window_layout(&win, hellos);
     h.size = 2;
     h.ctrl_stride = win.ctrl_stride;
     h.data_off = win.off[0];
     h.seg.total_bytes = win.total;
-    assert(tcc_window_check_header(&win, &h, win.total, "gen", &err) == TCC_OK);
+    assert(tcc__window_check_header(&win, &h, win.total, "gen", &err) == TCC_OK);
   }
   if (broken) h.ctrl_stride += 64;
   uint64_t mapped = win.total;
@@ -251,10 +251,10 @@ static void frame_seed(const char *name, uint64_t tag, uint64_t bytes, int broke
   out_t o = {.len = 0};
   tcc_p2p_frame_t f;
   for (int i = 0; i < 3; i++) { /* a stream of three frames, the last one bad */
-    tcc_p2p_frame_make(&f, tag + (uint64_t)i, bytes);
+    tcc__p2p_frame_make(&f, tag + (uint64_t)i, bytes);
     if (i == 2 && broken_field == 1) f.magic ^= 1;
     if (i == 2 && broken_field == 2) f.bytes += 1; /* length damaged, check word not */
-    if (i == 2 && broken_field == 3) tcc_p2p_frame_make(&f, tag, TCC_P2P_FRAME_MAX_BYTES + 1);
+    if (i == 2 && broken_field == 3) tcc__p2p_frame_make(&f, tag, TCC_P2P_FRAME_MAX_BYTES + 1);
     put(&o, &f, sizeof f);
   }
   save("p2p_frame", name, &o);

@@ -7,7 +7,7 @@
 
 #include "core/internal.h"
 
-void tcc_reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count, tcc_dtype_t dtype,
+void tcc__reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count, tcc_dtype_t dtype,
                   tcc_redop_t op, double premul) {
   (void)dst, (void)srcs, (void)nsrc, (void)count, (void)dtype, (void)op, (void)premul;
   abort();

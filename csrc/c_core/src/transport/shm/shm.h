@@ -100,7 +100,7 @@ static inline char *shm_res(shm_state_t *st, int r, int parity) {
  * the layout recomputed from its published tunables and this group's size
  * n; `bytes` is the verified size of the mapping. TCC_OK, or
  * TCC_ERR_INVALID naming the first field that does not match. */
-tcc_result_t tcc_shm_check_header(const shm_header_t *h, int n, size_t bytes, const char *who, tcc_err_t *err);
+tcc_result_t tcc__shm_check_header(const shm_header_t *h, int n, size_t bytes, const char *who, tcc_err_t *err);
 
 /* shm_spans.c: the staging windows and the stage barrier, as the
  * collective algorithms see them (tcc__spans_ops_t). */
@@ -113,18 +113,18 @@ void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns)
 void tcc__shm_p2p_notify(tcc_comm_t *comm);
 
 /* shm_liveness.c. Takes this rank's liveness lock on `fd`, the segment's
- * descriptor from tcc_segment_create (rank 0, which holds it already) or
- * tcc_segment_open (the others), before the rank counts itself attached,
+ * descriptor from tcc__segment_create (rank 0, which holds it already) or
+ * tcc__segment_open (the others), before the rank counts itself attached,
  * so every rank's lock is held once attachment completes. Owns `fd` from
- * then on, also on failure: tcc_shm_liveness_stop closes it. */
-tcc_result_t tcc_shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, int fd, tcc_err_t *err);
+ * then on, also on failure: tcc__shm_liveness_stop closes it. */
+tcc_result_t tcc__shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, int fd, tcc_err_t *err);
 /* Marks this rank as having destroyed its communicator, then lets go of
  * the lock. */
-void tcc_shm_liveness_stop(tcc_comm_t *comm, shm_state_t *st);
+void tcc__shm_liveness_stop(tcc_comm_t *comm, shm_state_t *st);
 /* TCC_OK while `peer` lives (checked at most every few hundred ms unless
  * `now`), else TCC_ERR_REMOTE with a message naming `what` and the peer
  * and saying whether it exited or destroyed its communicator. */
-tcc_result_t tcc_shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bool now,
+tcc_result_t tcc__shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bool now,
                                 const char *what, tcc_err_t *err);
 
 

@@ -46,35 +46,35 @@ static struct flock byte_lock(int rank, short type) {
   return fl;
 }
 
-tcc_result_t tcc_shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, int fd, tcc_err_t *err) {
+tcc_result_t tcc__shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, int fd, tcc_err_t *err) {
   /* Owned from here on, whatever happens: stop closes it. */
   st->lock_fd = fd;
   st->peer_checked_ns = calloc((size_t)comm->size, sizeof *st->peer_checked_ns);
-  if (!st->peer_checked_ns) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  if (!st->peer_checked_ns) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   /* Rank 0 holds its byte already; taking it again changes nothing. */
   struct flock fl = byte_lock(comm->rank, F_WRLCK);
   if (fcntl(fd, F_OFD_SETLK, &fl) != 0)
-    return tcc_err_set(err, TCC_ERR_SYSTEM,
+    return tcc__err_set(err, TCC_ERR_SYSTEM,
                        "tccomm '%s' (rank %d): cannot take the liveness lock on the shared-memory segment: %s",
                        comm->name, comm->rank, strerror(errno));
   return TCC_OK;
 }
 
-void tcc_shm_liveness_stop(tcc_comm_t *comm, shm_state_t *st) {
+void tcc__shm_liveness_stop(tcc_comm_t *comm, shm_state_t *st) {
   if (st->lock_fd >= 0) {
     atomic_store(&shm_ctrl(st, comm->rank)->destroyed, 1);
-    tcc_fd_close(st->lock_fd);
+    tcc__fd_close(st->lock_fd);
     st->lock_fd = -1;
   }
   free(st->peer_checked_ns);
   st->peer_checked_ns = NULL;
 }
 
-tcc_result_t tcc_shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bool now, const char *what,
+tcc_result_t tcc__shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bool now, const char *what,
                                 tcc_err_t *err) {
   if (peer == comm->rank || st->lock_fd < 0) return TCC_OK;
   if (TCC_MUTANT(DEAD_PEER_UNREPORTED)) return TCC_OK; /* MUTATION SITE */
-  int64_t t = tcc_now_ns();
+  int64_t t = tcc__now_ns();
   /* The collective runner and the p2p thread both check: relaxed atomics,
    * a check more or less does not matter. */
   if (!now && t - atomic_load_explicit(&st->peer_checked_ns[peer], memory_order_relaxed) < CHECK_EVERY_NS)
@@ -83,10 +83,10 @@ tcc_result_t tcc_shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, boo
   struct flock fl = byte_lock(peer, F_WRLCK);
   if (fcntl(st->lock_fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK) return TCC_OK;
   if (atomic_load(&shm_ctrl(st, peer)->destroyed))
-    return tcc_err_set(err, TCC_ERR_REMOTE,
+    return tcc__err_set(err, TCC_ERR_REMOTE,
                        "tccomm %s on '%s' (rank %d): rank %d destroyed its communicator and will not take part",
                        what, comm->name, comm->rank, peer);
-  return tcc_err_set(err, TCC_ERR_REMOTE,
+  return tcc__err_set(err, TCC_ERR_REMOTE,
                      "tccomm %s on '%s' (rank %d): rank %d exited (its process ended, killed or crashed, "
                      "without destroying the communicator)",
                      what, comm->name, comm->rank, peer);

@@ -11,14 +11,14 @@ static void ring_doorbell(shm_state_t *st, int rank) {
   shm_rank_ctrl_t *c = shm_ctrl(st, rank);
   if (atomic_load(&c->doorbell_sleeping)) {
     atomic_fetch_add(&c->doorbell, 1);
-    tcc_futex_wake_all(&c->doorbell);
+    tcc__futex_wake_all(&c->doorbell);
   }
 }
 
 ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err) {
   shm_state_t *st = shm_of(comm);
   /* Bytes for a peer that is gone would never be read. */
-  if (tcc_shm_peer_check(comm, st, peer, false, "point-to-point stream", err) != TCC_OK) return -1;
+  if (tcc__shm_peer_check(comm, st, peer, false, "point-to-point stream", err) != TCC_OK) return -1;
   shm_ring_t *ring = shm_ring_of(st, comm->rank, peer);
   const size_t cap = st->hdr->ring_bytes;
   uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
@@ -47,7 +47,7 @@ ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc
     /* What a peer wrote before it went is still read; after that, nothing
      * more can come. The head is read again after the check: bytes written
      * just before the peer went must not be lost. */
-    if (tcc_shm_peer_check(comm, st, peer, false, "point-to-point stream", err) == TCC_OK) return 0;
+    if (tcc__shm_peer_check(comm, st, peer, false, "point-to-point stream", err) == TCC_OK) return 0;
     if (atomic_load_explicit(&ring->head, memory_order_acquire) != head) {
       err->code = TCC_OK;
       err->msg[0] = 0;
@@ -84,7 +84,7 @@ void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns)
   atomic_store(&me->doorbell_sleeping, 1);
   unsigned v = atomic_load(&me->doorbell);
   if (!p2p_ready(comm, st, want_write) && !atomic_load(&comm->aborted))
-    tcc_futex_wait(&me->doorbell, v, max_ns);
+    tcc__futex_wait(&me->doorbell, v, max_ns);
   atomic_store(&me->doorbell_sleeping, 0);
 }
 
@@ -93,5 +93,5 @@ void tcc__shm_p2p_notify(tcc_comm_t *comm) {
   if (!st) return;
   shm_rank_ctrl_t *me = shm_ctrl(st, comm->rank);
   atomic_fetch_add(&me->doorbell, 1);
-  tcc_futex_wake_all(&me->doorbell);
+  tcc__futex_wake_all(&me->doorbell);
 }

@@ -29,7 +29,7 @@
  * tells ranks that come later why. Signals, and those ranks'
  * acknowledgements, keep the long grace, the default group timeout, during
  * which such a rank may still come; each holds a page at most. They are
- * told apart by st_blocks and the state word (tcc_segment_is_signal),
+ * told apart by st_blocks and the state word (tcc__segment_is_signal),
  * never by st_size, which the no-room signal sets to the bytes it needed
  * without having any.
  *
@@ -56,7 +56,7 @@
 #define MAX_KIND 16
 
 /* "tccomm-<kind><32 hex>", optionally followed by ".<rank>" (*ack); kind is
- * "" or lowercase letters ending in a dash ("win-"), as tcc_segment_id
+ * "" or lowercase letters ending in a dash ("win-"), as tcc__segment_id
  * writes them. */
 static bool tccomm_name(const char *name, bool *ack) {
   size_t len = strlen(name);
@@ -96,7 +96,7 @@ static bool reap_one(int dirfd, const char *name, bool ack, time_t now) {
   struct stat sb, by_name;
   if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == geteuid() && !locked(fd)) {
     const time_t grace =
-        ack || tcc_segment_is_signal(fd, &sb) ? TCC_SEGMENT_SIGNAL_GRACE_S : TCC_SEGMENT_REAP_GRACE_S;
+        ack || tcc__segment_is_signal(fd, &sb) ? TCC_SEGMENT_SIGNAL_GRACE_S : TCC_SEGMENT_REAP_GRACE_S;
     /* The name must still be the object judged. */
     if (now - sb.st_mtim.tv_sec >= grace && fstatat(dirfd, name, &by_name, AT_SYMLINK_NOFOLLOW) == 0 &&
         by_name.st_ino == sb.st_ino && by_name.st_dev == sb.st_dev)
@@ -106,7 +106,7 @@ static bool reap_one(int dirfd, const char *name, bool ack, time_t now) {
   return removed;
 }
 
-int tcc_shm_reap(const char *dir) {
+int tcc__shm_reap(const char *dir) {
   DIR *d = opendir(dir);
   if (!d) return 0;
   const time_t now = time(NULL);
@@ -121,6 +121,6 @@ int tcc_shm_reap(const char *dir) {
 
 static pthread_once_t reaped = PTHREAD_ONCE_INIT;
 
-static void reap_dev_shm(void) { (void)tcc_shm_reap("/dev/shm"); }
+static void reap_dev_shm(void) { (void)tcc__shm_reap("/dev/shm"); }
 
-void tcc_shm_reap_once(void) { pthread_once(&reaped, reap_dev_shm); }
+void tcc__shm_reap_once(void) { pthread_once(&reaped, reap_dev_shm); }

@@ -130,7 +130,7 @@ static void derive(const uint8_t token[TCC_TOKEN_BYTES], uint64_t label, uint8_t
   }
 }
 
-void tcc_segment_id(const char *kind, const uint8_t token[TCC_TOKEN_BYTES], tcc_segment_id_t *id) {
+void tcc__segment_id(const char *kind, const uint8_t token[TCC_TOKEN_BYTES], tcc_segment_id_t *id) {
   _Static_assert(TCC_TOKEN_BYTES == 16, "SipHash takes a 16-byte key");
   uint8_t tag[16];
   derive(token, 1, tag);
@@ -214,31 +214,31 @@ static void *reserve_and_map(int fd, const uint8_t *secret, size_t bytes, char *
   return p;
 }
 
-tcc_result_t tcc_segment_create(const tcc_segment_id_t *id, size_t bytes, int n, const char *who, void **base,
+tcc_result_t tcc__segment_create(const tcc_segment_id_t *id, size_t bytes, int n, const char *who, void **base,
                                 int *fd_out, tcc_err_t *err) {
   if (bytes < TCC_SEGMENT_HEAD_BYTES || bytes > (size_t)INT64_MAX)
-    return tcc_err_set(err, TCC_ERR_INVALID, "%s: a shared-memory segment of %zu bytes is out of range", who, bytes);
+    return tcc__err_set(err, TCC_ERR_INVALID, "%s: a shared-memory segment of %zu bytes is out of range", who, bytes);
   /* Nothing under the name is ours when this fails: the waiting ranks can
    * only time out. */
   int fd = shm_open(id->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, SEGMENT_MODE);
-  if (fd < 0) return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: shm_open(%s) failed: %s", who, id->name, strerror(errno));
-  tcc_fd_close_on_fork(fd);
+  if (fd < 0) return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: shm_open(%s) failed: %s", who, id->name, strerror(errno));
+  tcc__fd_close_on_fork(fd);
   /* First of all, while the object is still empty: from here on the other
    * ranks and the reaper can tell a live creator from a dead one. */
   struct flock fl = byte0_lock(F_WRLCK);
   if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
     int e = errno;
     shm_unlink(id->name);
-    tcc_fd_close(fd);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: cannot lock the shared-memory segment %s: %s", who, id->name,
+    tcc__fd_close(fd);
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: cannot lock the shared-memory segment %s: %s", who, id->name,
                        strerror(e));
   }
   /* The umask may have cleared bits of 0600; the other ranks insist on it. */
   if (fchmod(fd, SEGMENT_MODE) != 0) {
     int e = errno;
     shm_unlink(id->name);
-    tcc_fd_close(fd);
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: fchmod of the shared-memory segment failed: %s", who, strerror(e));
+    tcc__fd_close(fd);
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: fchmod of the shared-memory segment failed: %s", who, strerror(e));
   }
   char reason[TCC_SEGMENT_REASON_BYTES];
   int no_room = 0;
@@ -246,8 +246,8 @@ tcc_result_t tcc_segment_create(const tcc_segment_id_t *id, size_t bytes, int n,
   if (p == MAP_FAILED) {
     /* With no other rank there is nobody to leave the signal for. */
     if ((no_room && publish_no_room(fd, bytes) != 0) || n == 1) shm_unlink(id->name);
-    tcc_fd_close(fd); /* after the signal: a waiting rank that sees the lock go reads it */
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: %s", who, reason);
+    tcc__fd_close(fd); /* after the signal: a waiting rank that sees the lock go reads it */
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: %s", who, reason);
   }
   no_fork(p, bytes);
   /* Reserved tmpfs pages read as zero: the user's counters start at 0. */
@@ -259,7 +259,7 @@ tcc_result_t tcc_segment_create(const tcc_segment_id_t *id, size_t bytes, int n,
   return TCC_OK;
 }
 
-void tcc_segment_publish(void *base) {
+void tcc__segment_publish(void *base) {
   atomic_store(&((tcc_segment_head_t *)base)->state, STATE_READY); /* publishes the layout */
 }
 
@@ -291,7 +291,7 @@ static void acknowledge_failure(const char *name, int rank, int n) {
 static tcc_result_t rank0_failed(const tcc_segment_id_t *id, int rank, int n, const char *who, const char *reason,
                                  tcc_err_t *err) {
   acknowledge_failure(id->name, rank, n);
-  return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: rank 0 could not create the shared-memory segment: %s", who, reason);
+  return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: rank 0 could not create the shared-memory segment: %s", who, reason);
 }
 
 /* ---- the other ranks: rank 0 died ------------------------------------------ */
@@ -303,19 +303,19 @@ static tcc_result_t rank0_failed(const tcc_segment_id_t *id, int rank, int n, co
 static void leave_orphan_signal(const tcc_segment_id_t *id, const char *reason) {
   int fd = shm_open(id->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, SEGMENT_MODE);
   if (fd < 0) return;
-  tcc_fd_close_on_fork(fd);
+  tcc__fd_close_on_fork(fd);
   struct flock fl = byte0_lock(F_WRLCK);
   if (fcntl(fd, F_OFD_SETLK, &fl) != 0 || fchmod(fd, SEGMENT_MODE) != 0 || reserve(fd, TCC_SEGMENT_HEAD_BYTES) != 0)
     shm_unlink(id->name);
   else
     publish_failure(fd, id->secret, STATE_ORPHANED, reason);
-  tcc_fd_close(fd);
+  tcc__fd_close(fd);
 }
 
 static tcc_result_t orphaned(const tcc_segment_id_t *id, int rank, int n, const char *who, const char *why,
                              tcc_err_t *err) {
   acknowledge_failure(id->name, rank, n);
-  return tcc_err_set(err, TCC_ERR_REMOTE, "%s: rank 0 exited during shared-memory setup (%s)", who, why);
+  return tcc__err_set(err, TCC_ERR_REMOTE, "%s: rank 0 exited during shared-memory setup (%s)", who, why);
 }
 
 /* This rank found rank 0's lock gone: the group cannot start. The segment's
@@ -330,7 +330,7 @@ static tcc_result_t creator_exited(const tcc_segment_id_t *id, int rank, int n, 
 }
 
 static tcc_result_t untrusted(const char *who, const char *name, const char *why, tcc_err_t *err) {
-  return tcc_err_set(err, TCC_ERR_INVALID, "%s: the shared-memory object %s %s: not trusted", who, name, why);
+  return tcc__err_set(err, TCC_ERR_INVALID, "%s: the shared-memory object %s %s: not trusted", who, name, why);
 }
 
 /* Owner and mode, the first things to trust; the no-room signal is told
@@ -385,7 +385,7 @@ static tcc_result_t map_ready(int fd, const head_copy_t *hc, const tcc_segment_i
     return untrusted(who, id->name, "was not created for this group (its secret does not match)", err);
   struct stat sb;
   if (fstat(fd, &sb) != 0)
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: fstat of %s failed: %s", who, id->name, strerror(errno));
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: fstat of %s failed: %s", who, id->name, strerror(errno));
   if ((uint64_t)sb.st_size != hc->total) {
     snprintf(why, sizeof why, "has %lld bytes but its header says %llu", (long long)sb.st_size,
              (unsigned long long)hc->total);
@@ -398,7 +398,7 @@ static tcc_result_t map_ready(int fd, const head_copy_t *hc, const tcc_segment_i
   }
   void *p = mmap(NULL, (size_t)hc->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED)
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: mmap of %llu bytes of shared memory failed: %s", who,
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: mmap of %llu bytes of shared memory failed: %s", who,
                        (unsigned long long)hc->total, strerror(errno));
   no_fork(p, (size_t)hc->total);
   *base = p;
@@ -414,7 +414,7 @@ static tcc_result_t inspect(int fd, const tcc_segment_id_t *id, int rank, int n,
   /* Looked at before the object itself: rank 0 writes any failure signal
    * before its lock goes, so a free lock and then no signal means death. */
   bool gone = false;
-  const int64_t now = tcc_now_ns();
+  const int64_t now = tcc__now_ns();
   if (now - *checked_ns >= CHECK_EVERY_NS) {
     *checked_ns = now;
     gone = creator_gone(fd);
@@ -422,7 +422,7 @@ static tcc_result_t inspect(int fd, const tcc_segment_id_t *id, int rank, int n,
   static const char before_ready[] = "before it was ready";
   struct stat sb;
   if (fstat(fd, &sb) != 0)
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: fstat of %s failed: %s", who, id->name, strerror(errno));
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: fstat of %s failed: %s", who, id->name, strerror(errno));
   tcc_result_t r = check_owner_and_mode(fd, &sb, id, rank, n, who, err);
   if (r != TCC_ERR_INPROGRESS) return r;
   /* Rank 0 creates it empty, then reserves the first page, which sets the
@@ -439,7 +439,7 @@ static tcc_result_t inspect(int fd, const tcc_segment_id_t *id, int rank, int n,
     return gone ? creator_exited(id, rank, n, who, before_ready, err) : TCC_ERR_INPROGRESS;
   head_copy_t hc;
   if (read_head(fd, &hc) != 0)
-    return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: mmap of %s failed: %s", who, id->name, strerror(errno));
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: mmap of %s failed: %s", who, id->name, strerror(errno));
   if (hc.state == 0) return gone ? creator_exited(id, rank, n, who, before_ready, err) : TCC_ERR_INPROGRESS;
   if (hc.state == STATE_FAILED || hc.state == STATE_ORPHANED) {
     if (memcmp(hc.secret, id->secret, sizeof hc.secret) != 0)
@@ -466,7 +466,7 @@ static int open_existing(const char *name) {
   return fd;
 }
 
-tcc_result_t tcc_segment_open(const tcc_segment_id_t *id, int rank, int n, int64_t deadline, const char *who,
+tcc_result_t tcc__segment_open(const tcc_segment_id_t *id, int rank, int n, int64_t deadline, const char *who,
                               void **base, size_t *bytes, int *fd_out, tcc_err_t *err) {
   int fd = -1;
   int64_t checked_ns = INT64_MIN / 2;
@@ -474,8 +474,8 @@ tcc_result_t tcc_segment_open(const tcc_segment_id_t *id, int rank, int n, int64
     if (fd < 0) {
       fd = open_existing(id->name);
       if (fd < 0 && errno != ENOENT)
-        return tcc_err_set(err, TCC_ERR_SYSTEM, "%s: shm_open(%s) failed: %s", who, id->name, strerror(errno));
-      tcc_fd_close_on_fork(fd);
+        return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: shm_open(%s) failed: %s", who, id->name, strerror(errno));
+      tcc__fd_close_on_fork(fd);
     }
     if (fd >= 0) {
       tcc_result_t r = inspect(fd, id, rank, n, who, base, bytes, &checked_ns, err);
@@ -484,28 +484,28 @@ tcc_result_t tcc_segment_open(const tcc_segment_id_t *id, int rank, int n, int64
         return r;
       }
       if (r != TCC_ERR_INPROGRESS) {
-        tcc_fd_close(fd);
+        tcc__fd_close(fd);
         return r;
       }
     }
-    if (tcc_now_ns() > deadline) {
+    if (tcc__now_ns() > deadline) {
       const int seen = fd >= 0;
-      if (fd >= 0) tcc_fd_close(fd);
-      return tcc_err_set(err, TCC_ERR_TIMEOUT, "%s: timed out waiting for rank 0 to create the shared-memory segment%s",
+      if (fd >= 0) tcc__fd_close(fd);
+      return tcc__err_set(err, TCC_ERR_TIMEOUT, "%s: timed out waiting for rank 0 to create the shared-memory segment%s",
                          who, seen ? " (an object under its name never became a complete segment)" : "");
     }
     sleep_ns(POLL_NS);
   }
 }
 
-tcc_result_t tcc_segment_attach(void *base, int fd, const tcc_segment_id_t *id, int rank, int n, int64_t deadline,
+tcc_result_t tcc__segment_attach(void *base, int fd, const tcc_segment_id_t *id, int rank, int n, int64_t deadline,
                                 const char *who, int *attached, tcc_err_t *err) {
   tcc_segment_head_t *h = base;
   const char *name = id->name;
   if (atomic_fetch_add(&h->attached, 1) + 1 == n) shm_unlink(name);
-  int64_t checked_ns = tcc_now_ns();
+  int64_t checked_ns = tcc__now_ns();
   for (int got; (got = atomic_load(&h->attached)) < n;) {
-    const int64_t now = tcc_now_ns();
+    const int64_t now = tcc__now_ns();
     if (rank != 0 && now - checked_ns >= CHECK_EVERY_NS) {
       checked_ns = now;
       /* Rank 0 lets go only after it saw every rank in, or after it gave
@@ -533,7 +533,7 @@ tcc_result_t tcc_segment_attach(void *base, int fd, const tcc_segment_id_t *id, 
 
 /* ---- reaping --------------------------------------------------------------- */
 
-bool tcc_segment_is_signal(int fd, const struct stat *sb) {
+bool tcc__segment_is_signal(int fd, const struct stat *sb) {
   if (((unsigned)sb->st_mode & 07777u) == NO_ROOM_MODE) return true; /* its size lies; it has no pages */
   if ((unsigned long long)sb->st_blocks * 512ULL <= TCC_SEGMENT_HEAD_BYTES) return true;
   /* Read, not mapped: a page that is not there reads as zeros, no SIGBUS. */

@@ -51,33 +51,33 @@ typedef struct tcc_segment_head {
 /* What names a segment and proves it genuine, both derived from a token
  * every rank knows; the name (visible to anyone listing /dev/shm) reveals
  * neither the token nor the secret. */
-typedef struct tcc_segment_id {
+typedef struct tcc__segment_id {
   char name[64]; /* "/tccomm-<kind><32 hex digits>" */
   uint8_t secret[TCC_SEGMENT_SECRET_BYTES];
 } tcc_segment_id_t;
 
-void tcc_segment_id(const char *kind, const uint8_t token[TCC_TOKEN_BYTES], tcc_segment_id_t *id);
+void tcc__segment_id(const char *kind, const uint8_t token[TCC_TOKEN_BYTES], tcc_segment_id_t *id);
 
 /* Rank 0 of `n` ranks: creates the segment (it must not exist), reserves
  * `bytes` (zero-filled) and maps it at *base. *fd: the creating
  * descriptor, which holds the creator's lock on byte 0 (rank 0's liveness
  * byte) and is closed in forked children; the caller keeps it open at
- * least until tcc_segment_attach has returned (the name is gone by then)
- * and closes it with tcc_fd_close. `who` starts every error message
+ * least until tcc__segment_attach has returned (the name is gone by then)
+ * and closes it with tcc__fd_close. `who` starts every error message
  * ("tccomm 'name' (rank 0)"). On failure the other ranks, waiting in
- * tcc_segment_open, fail with the same reason. */
-tcc_result_t tcc_segment_create(const tcc_segment_id_t *id, size_t bytes, int n, const char *who, void **base,
+ * tcc__segment_open, fail with the same reason. */
+tcc_result_t tcc__segment_create(const tcc_segment_id_t *id, size_t bytes, int n, const char *who, void **base,
                                 int *fd, tcc_err_t *err);
 /* Rank 0, once its layout is written: lets the other ranks map it. */
-void tcc_segment_publish(void *base);
-/* Rank `rank` (> 0) of `n`: waits (until `deadline`, tcc_now_ns time) for
+void tcc__segment_publish(void *base);
+/* Rank `rank` (> 0) of `n`: waits (until `deadline`, tcc__now_ns time) for
  * rank 0 to publish the segment, verifies it and maps it whole at *base
  * (*bytes: its size). Only the segment head is verified here: the caller
  * checks its own header before using it. *fd (when fd is not NULL): the
  * verified descriptor, read-write, closed in forked children; the caller
- * closes it with tcc_fd_close. Fails with TCC_ERR_REMOTE when rank 0
+ * closes it with tcc__fd_close. Fails with TCC_ERR_REMOTE when rank 0
  * exited after creating the segment, saying so. */
-tcc_result_t tcc_segment_open(const tcc_segment_id_t *id, int rank, int n, int64_t deadline, const char *who,
+tcc_result_t tcc__segment_open(const tcc_segment_id_t *id, int rank, int n, int64_t deadline, const char *who,
                               void **base, size_t *bytes, int *fd, tcc_err_t *err);
 /* Every rank, once mapped: counts itself in and waits until all `n` ranks
  * have (the last one removes the name, id->name; rank 0 makes sure of it
@@ -88,7 +88,7 @@ tcc_result_t tcc_segment_open(const tcc_segment_id_t *id, int rank, int n, int64
  * TCC_ERR_TIMEOUT after `deadline` (err untouched: the caller words it),
  * or TCC_ERR_REMOTE when rank 0 exited meanwhile (err says so, naming
  * `who`). */
-tcc_result_t tcc_segment_attach(void *base, int fd, const tcc_segment_id_t *id, int rank, int n, int64_t deadline,
+tcc_result_t tcc__segment_attach(void *base, int fd, const tcc_segment_id_t *id, int rank, int n, int64_t deadline,
                                 const char *who, int *attached, tcc_err_t *err);
 
 /* ---- reaping (shm_reap.c) ---------------------------------------------- */
@@ -104,11 +104,11 @@ tcc_result_t tcc_segment_attach(void *base, int fd, const tcc_segment_id_t *id, 
 
 /* Whether a tccomm object (open as `fd`, stat `sb`) is a failure signal,
  * or too small to be anything else: the long grace. */
-bool tcc_segment_is_signal(int fd, const struct stat *sb);
+bool tcc__segment_is_signal(int fd, const struct stat *sb);
 /* Removes the abandoned tccomm objects of this effective uid from `dir`
  * (/dev/shm); returns how many. */
-int tcc_shm_reap(const char *dir);
-/* tcc_shm_reap("/dev/shm"), the first time it is called in a process. */
-void tcc_shm_reap_once(void);
+int tcc__shm_reap(const char *dir);
+/* tcc__shm_reap("/dev/shm"), the first time it is called in a process. */
+void tcc__shm_reap_once(void);
 
 #endif /* TCCOMM_SHM_SEGMENT_H */

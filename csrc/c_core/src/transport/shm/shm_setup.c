@@ -60,7 +60,7 @@ static void layout(shm_header_t *h, int n, uint64_t window) {
   h->window = window;
   h->ring_bytes = n <= 4 ? (1u << 20) : align_up((4u << 20) / (size_t)n, 4096);
   if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
-  h->desc_stride = align_up(tcc_coll_desc_bytes(TCC_COLL_ALLTOALL, n), TCC_CACHELINE);
+  h->desc_stride = align_up(tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, n), TCC_CACHELINE);
   h->ctrl_off = HEADER_BYTES;
   h->desc_off = align_up(h->ctrl_off + (size_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
   h->data_off = align_up(h->desc_off + (size_t)n * 2 * h->desc_stride, 4096);
@@ -80,7 +80,7 @@ static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id,
   choose_sizes(comm->size, &window, &small);
   layout(&h, comm->size, window);
   void *base;
-  tcc_result_t r = tcc_segment_create(id, h.seg.total_bytes, comm->size, who, &base, fd, err);
+  tcc_result_t r = tcc__segment_create(id, h.seg.total_bytes, comm->size, who, &base, fd, err);
   if (r != TCC_OK) return r;
   /* Fresh tmpfs pages are zero: counters, rings and doorbells start at 0. */
   shm_header_t *hdr = base;
@@ -93,7 +93,7 @@ static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id,
   hdr->desc_off = h.desc_off;
   hdr->data_off = h.data_off;
   hdr->ring_off = h.ring_off;
-  tcc_segment_publish(base);
+  tcc__segment_publish(base);
   st->base = base;
   st->bytes = h.seg.total_bytes;
   st->hdr = hdr;
@@ -107,14 +107,14 @@ static tcc_result_t bad_header(const char *who, tcc_err_t *err, const char *fmt,
   va_start(ap, fmt);
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
-  return tcc_err_set(err, TCC_ERR_INVALID, "%s: the shared-memory segment's header is inconsistent: %s: not trusted",
+  return tcc__err_set(err, TCC_ERR_INVALID, "%s: the shared-memory segment's header is inconsistent: %s: not trusted",
                      who, why);
 }
 
 /* The other ranks: rank 0's header against the layout recomputed from its
  * published tunables and this group's size, field by field. `bytes`: the
  * verified size of the mapping, of which only the first page is read. */
-tcc_result_t tcc_shm_check_header(const shm_header_t *h, int n, size_t bytes, const char *who, tcc_err_t *err) {
+tcc_result_t tcc__shm_check_header(const shm_header_t *h, int n, size_t bytes, const char *who, tcc_err_t *err) {
   if (h->size != (uint32_t)n) return bad_header(who, err, "it is laid out for %u ranks, this group has %d", h->size, n);
   if (h->window < min_window(n) || h->window > MAX_WINDOW || h->window % 4096 != 0)
     return bad_header(who, err, "window of %llu bytes is not a multiple of 4096 in [%zu, %u]",
@@ -148,12 +148,12 @@ tcc_result_t tcc_shm_check_header(const shm_header_t *h, int n, size_t bytes, co
 static tcc_result_t open_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, int64_t deadline, const char *who,
                                  shm_state_t *st, int *fd, tcc_err_t *err) {
   void *base = NULL;
-  tcc_result_t r = tcc_segment_open(id, comm->rank, comm->size, deadline, who, &base, &st->bytes, fd, err);
+  tcc_result_t r = tcc__segment_open(id, comm->rank, comm->size, deadline, who, &base, &st->bytes, fd, err);
   if (r != TCC_OK) return r;
-  r = tcc_shm_check_header(base, comm->size, st->bytes, who, err);
+  r = tcc__shm_check_header(base, comm->size, st->bytes, who, err);
   if (r != TCC_OK) {
     munmap(base, st->bytes);
-    tcc_fd_close(*fd);
+    tcc__fd_close(*fd);
     return r;
   }
   st->base = base;
@@ -164,16 +164,16 @@ static tcc_result_t open_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, i
 static const tcc_transport_ops_t shm_ops;
 static void shm_destroy(tcc_comm_t *comm);
 
-tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err) {
+tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err) {
   /* What killed processes left behind goes first (shm_reap.c). */
-  tcc_shm_reap_once();
+  tcc__shm_reap_once();
   shm_state_t *st = calloc(1, sizeof *st);
-  if (!st) return tcc_err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  if (!st) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   tcc_segment_id_t id;
   char who[160];
-  tcc_segment_id("", blobs[0].token, &id);
+  tcc__segment_id("", blobs[0].token, &id);
   snprintf(who, sizeof who, "tccomm '%s' (rank %d)", comm->name, comm->rank);
-  const int64_t deadline = tcc_deadline_after_ms(atomic_load(&comm->timeout_ms));
+  const int64_t deadline = tcc__deadline_after_ms(atomic_load(&comm->timeout_ms));
   int fd = -1;
   tcc_result_t r = comm->rank == 0 ? create_segment(comm, &id, who, st, &fd, err)
                                    : open_segment(comm, &id, deadline, who, st, &fd, err);
@@ -184,21 +184,21 @@ tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t 
   /* The descriptor becomes the liveness lock's; stop closes it, and must
    * run while the segment is still mapped. Rank 0 removes the name before
    * its lock goes. */
-  if (tcc_shm_liveness_start(comm, st, fd, err) != TCC_OK) {
+  if (tcc__shm_liveness_start(comm, st, fd, err) != TCC_OK) {
     if (comm->rank == 0) shm_unlink(id.name);
-    tcc_shm_liveness_stop(comm, st);
+    tcc__shm_liveness_stop(comm, st);
     munmap(st->base, st->bytes);
     free(st);
     return err->code;
   }
   int n = comm->size, got = 0;
-  r = tcc_segment_attach(st->base, st->lock_fd, &id, comm->rank, n, deadline, who, &got, err);
+  r = tcc__segment_attach(st->base, st->lock_fd, &id, comm->rank, n, deadline, who, &got, err);
   if (r != TCC_OK) {
-    tcc_shm_liveness_stop(comm, st);
+    tcc__shm_liveness_stop(comm, st);
     munmap(st->base, st->bytes);
     free(st);
     if (r != TCC_ERR_TIMEOUT) return r;
-    return tcc_err_set(err, TCC_ERR_TIMEOUT,
+    return tcc__err_set(err, TCC_ERR_TIMEOUT,
                        "%s: timed out after %lld ms: only %d of %d ranks attached to the shared-memory segment",
                        who, (long long)atomic_load(&comm->timeout_ms), got, n);
   }
@@ -213,7 +213,7 @@ tcc_result_t tcc_shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t 
 static void shm_destroy(tcc_comm_t *comm) {
   shm_state_t *st = shm_of(comm);
   if (!st) return;
-  tcc_shm_liveness_stop(comm, st);
+  tcc__shm_liveness_stop(comm, st);
   munmap(st->base, st->bytes);
   free(st);
   comm->transport_state = NULL;

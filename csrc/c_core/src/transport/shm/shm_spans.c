@@ -27,7 +27,7 @@ static tcc_result_t barrier_timeout(tcc_comm_t *comm, shm_state_t *st, const cha
     if (atomic_load(&shm_ctrl(st, j)->arrive) < stage)
       len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", j);
   }
-  return tcc_err_set(err, TCC_ERR_TIMEOUT,
+  return tcc__err_set(err, TCC_ERR_TIMEOUT,
                      "tccomm %s #%llu on '%s' (rank %d): timed out waiting for rank(s) %s "
                      "(they did not call it, or are stuck in an earlier operation)",
                      what, (unsigned long long)seq, comm->name, comm->rank, missing);
@@ -59,12 +59,12 @@ static tcc_result_t arrival_trouble(void *arg, int64_t now_ns) {
   if (atomic_load(&comm->aborted)) {
     char cause[TCC_ERRLEN];
     tcc__comm_failure(comm, cause, sizeof cause);
-    return tcc_err_set(a->err, TCC_ERR_ABORTED, "tccomm %s #%llu on '%s' (rank %d) interrupted: %s", a->what,
+    return tcc__err_set(a->err, TCC_ERR_ABORTED, "tccomm %s #%llu on '%s' (rank %d) interrupted: %s", a->what,
                        (unsigned long long)a->seq, comm->name, comm->rank, cause);
   }
   for (int k = a->first; k < a->n; k++) {
     if (atomic_load_explicit(&shm_ctrl(a->st, k)->arrive, memory_order_acquire) >= a->stage) continue;
-    tcc_result_t gone = tcc_shm_peer_check(comm, a->st, k, false, a->what, a->err);
+    tcc_result_t gone = tcc__shm_peer_check(comm, a->st, k, false, a->what, a->err);
     if (gone != TCC_OK) return gone;
   }
   return TCC_OK;
@@ -80,7 +80,7 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
   atomic_store(&shm_ctrl(st, comm->rank)->arrive, stage);
   if (atomic_load(&h->barrier_sleepers) > 0) {
     atomic_fetch_add(&h->barrier_futex, 1);
-    tcc_futex_wake_all(&h->barrier_futex);
+    tcc__futex_wake_all(&h->barrier_futex);
   }
   arrival_t a = {comm, st, n, 0, stage, what, seq, err};
   const tcc__idle_wait_t w = {.ready = all_arrived, .check = arrival_trouble, .arg = &a,

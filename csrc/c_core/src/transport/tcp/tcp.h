@@ -36,11 +36,11 @@ typedef struct tcp_hello {
  * true (with the sender's *peer and *chan) when it carries this rank's
  * `token` and the group size n, comes from a rank above `me`, names a
  * channel, and that (peer, chan) is not yet claimed[2 * peer + chan]. */
-bool tcp_hello_accept(const tcp_hello_t *h, int n, int me, const uint8_t *token, const bool *claimed,
+bool tcc__tcp_hello_accept(const tcp_hello_t *h, int n, int me, const uint8_t *token, const bool *claimed,
                       int *peer, int *chan);
 /* The connector's check of the reply: from `peer` on `chan`, carrying this
  * rank's `token`. */
-bool tcp_ack_valid(const tcp_hello_t *ack, int peer, int chan, const uint8_t *token);
+bool tcc__tcp_ack_valid(const tcp_hello_t *ack, int peer, int chan, const uint8_t *token);
 
 typedef struct tcp_state {
   int n, me;
@@ -54,9 +54,9 @@ typedef struct tcp_state {
 } tcp_state_t;
 
 /* tcp_p2p.c */
-extern const tcc_transport_ops_t tcp_transport_ops;
-tcp_state_t *tcp_state_new(int n, int me, tcc_err_t *err);
-void tcp_state_free(tcp_state_t *st);
+extern const tcc_transport_ops_t tcc__tcp_transport_ops;
+tcp_state_t *tcc__tcp_state_new(int n, int me, tcc_err_t *err);
+void tcc__tcp_state_free(tcp_state_t *st);
 
 /* tcp_streams.c: the collective connections as the algorithms see them. */
 extern const tcc__stream_ops_t tcc__tcp_streams;

@@ -16,7 +16,7 @@
 
 #include "transport/tcp/tcp.h"
 
-tcp_state_t *tcp_state_new(int n, int me, tcc_err_t *err) {
+tcp_state_t *tcc__tcp_state_new(int n, int me, tcc_err_t *err) {
   tcp_state_t *st = calloc(1, sizeof(*st));
   if (!st) goto nomem;
   st->n = n;
@@ -31,25 +31,25 @@ tcp_state_t *tcp_state_new(int n, int me, tcc_err_t *err) {
   for (int j = 0; j < n; j++) st->coll_fd[j] = st->p2p_fd[j] = -1;
   st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (st->wake_fd < 0) {
-    tcc_err_set(err, TCC_ERR_SYSTEM, "tcp: eventfd failed: %s", strerror(errno));
-    tcp_state_free(st);
+    tcc__err_set(err, TCC_ERR_SYSTEM, "tcp: eventfd failed: %s", strerror(errno));
+    tcc__tcp_state_free(st);
     return NULL;
   }
-  tcc_fd_close_on_fork(st->wake_fd);
+  tcc__fd_close_on_fork(st->wake_fd);
   return st;
 nomem:
-  tcc_err_set(err, TCC_ERR_SYSTEM, "tcp: out of memory");
-  tcp_state_free(st);
+  tcc__err_set(err, TCC_ERR_SYSTEM, "tcp: out of memory");
+  tcc__tcp_state_free(st);
   return NULL;
 }
 
-void tcp_state_free(tcp_state_t *st) {
+void tcc__tcp_state_free(tcp_state_t *st) {
   if (!st) return;
   for (int j = 0; j < st->n; j++) {
-    if (st->coll_fd && st->coll_fd[j] >= 0) tcc_fd_close(st->coll_fd[j]);
-    if (st->p2p_fd && st->p2p_fd[j] >= 0) tcc_fd_close(st->p2p_fd[j]);
+    if (st->coll_fd && st->coll_fd[j] >= 0) tcc__fd_close(st->coll_fd[j]);
+    if (st->p2p_fd && st->p2p_fd[j] >= 0) tcc__fd_close(st->p2p_fd[j]);
   }
-  tcc_fd_close(st->wake_fd);
+  tcc__fd_close(st->wake_fd);
   free(st->coll_fd);
   free(st->p2p_fd);
   free(st->p2p_dead);
@@ -61,7 +61,7 @@ void tcp_state_free(tcp_state_t *st) {
 static int p2p_fd_of(tcc_comm_t *comm, int peer, tcc_err_t *err) {
   tcp_state_t *st = comm->transport_state;
   if (peer < 0 || peer >= st->n || peer == st->me) {
-    tcc_err_set(err, TCC_ERR_INVALID, "tcp p2p on communicator '%s' rank %d: no channel "
+    tcc__err_set(err, TCC_ERR_INVALID, "tcp p2p on communicator '%s' rank %d: no channel "
                 "to rank %d", comm->name, comm->rank, peer);
     return -1;
   }
@@ -73,11 +73,11 @@ static ssize_t p2p_failed(tcc_comm_t *comm, int peer, const char *how, int errnu
   tcp_state_t *st = comm->transport_state;
   st->p2p_dead[peer] = true; /* stop polling it: it would wake p2p_wait forever */
   if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
-    tcc_err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: rank %d is gone: its "
+    tcc__err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: rank %d is gone: its "
                 "connection %s (the process exited, or destroyed its communicator)", comm->name,
                 comm->rank, peer, errnum ? "was reset" : "closed");
   else
-    tcc_err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: %s rank %d "
+    tcc__err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: %s rank %d "
                 "failed: %s", comm->name, comm->rank, how, peer, strerror(errnum));
   return -1;
 }
@@ -139,11 +139,11 @@ static void tcp_p2p_notify(tcc_comm_t *comm) {
 }
 
 static void tcp_destroy(tcc_comm_t *comm) {
-  tcp_state_free(comm->transport_state);
+  tcc__tcp_state_free(comm->transport_state);
   comm->transport_state = NULL;
 }
 
-const tcc_transport_ops_t tcp_transport_ops = {
+const tcc_transport_ops_t tcc__tcp_transport_ops = {
     .name = "tcp",
     .streams = &tcc__tcp_streams,
     .p2p_write = tcp_p2p_write,

@@ -51,15 +51,15 @@ tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep_o
   what = "getsockname";
   if (getsockname(ep->listen_fd, (struct sockaddr *)&sa, &salen)) goto sys_fail;
   what = "getrandom";
-  if (tcc_random_bytes(ep->blob.token, TCC_TOKEN_BYTES) != TCC_OK) goto sys_fail;
+  if (tcc__random_bytes(ep->blob.token, TCC_TOKEN_BYTES) != TCC_OK) goto sys_fail;
 
-  tcc_fd_close_on_fork(ep->listen_fd);
+  tcc__fd_close_on_fork(ep->listen_fd);
   ep->blob.magic = TCC_BLOB_MAGIC;
   ep->blob.pid = (uint32_t)getpid();
   ep->blob.port = ntohs(sa.sin_port);
   ep->blob.ipv4 = advertised.s_addr;
-  tcc_host_identity(ep->blob.hostname, ep->blob.boot_id);
-  tcc_shm_identity(&ep->blob.shm_dev, &ep->blob.shm_ino);
+  tcc__host_identity(ep->blob.hostname, ep->blob.boot_id);
+  tcc__shm_identity(&ep->blob.shm_dev, &ep->blob.shm_ino);
   memset(blob_out, 0, TCC_ENDPOINT_BLOB_SIZE);
   memcpy(blob_out, &ep->blob, sizeof(ep->blob));
   *ep_out = ep;
@@ -74,7 +74,7 @@ sys_fail:;
 
 void tcc_endpoint_close(tcc_endpoint_t *ep) {
   if (!ep) return;
-  tcc_fd_close(ep->listen_fd);
+  tcc__fd_close(ep->listen_fd);
   free(ep);
 }
 
@@ -127,7 +127,7 @@ static void conn_retry(conn_t *c, const char *why, int errnum) {
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
   c->phase = C_IDLE;
-  c->time_ns = tcc_now_ns() + RETRY_NS;
+  c->time_ns = tcc__now_ns() + RETRY_NS;
   snprintf(c->last_error, sizeof(c->last_error), "%s%s%s", why, errnum ? ": " : "",
            errnum ? strerror(errnum) : "");
 }
@@ -172,20 +172,20 @@ static int move_msg(conn_t *c, bool sending, int *errnum) {
 
 static void conn_finish(mesh_t *m, conn_t *c) {
   chan_fds(m->st, c->chan)[c->peer] = c->fd;
-  tcc_fd_close_on_fork(c->fd);
+  tcc__fd_close_on_fork(c->fd);
   c->fd = -1;
   c->phase = C_DONE;
   m->connected++;
 }
 
-bool tcp_ack_valid(const tcp_hello_t *ack, int peer, int chan, const uint8_t *token) {
+bool tcc__tcp_ack_valid(const tcp_hello_t *ack, int peer, int chan, const uint8_t *token) {
   return ack->magic == TCP_ACK_MAGIC && ack->rank == (uint32_t)peer && ack->chan == (uint32_t)chan &&
          memcmp(ack->token, token, TCC_TOKEN_BYTES) == 0;
 }
 
 /* Every field is range-checked before it indexes `claimed`: the sender
  * has not proven anything yet. */
-bool tcp_hello_accept(const tcp_hello_t *h, int n, int me, const uint8_t *token, const bool *claimed,
+bool tcc__tcp_hello_accept(const tcp_hello_t *h, int n, int me, const uint8_t *token, const bool *claimed,
                       int *peer, int *chan) {
   if (h->magic != TCP_HELLO_MAGIC || h->size != (uint32_t)n || memcmp(h->token, token, TCC_TOKEN_BYTES) != 0)
     return false;
@@ -217,7 +217,7 @@ static void step_outgoing(mesh_t *m, conn_t *c) {
     conn_retry(c, errnum ? "reading reply" : "closed by the peer during the handshake",
                errnum);
   if (rc <= 0) return;
-  if (!tcp_ack_valid(&c->msg, c->peer, c->chan, m->token))
+  if (!tcc__tcp_ack_valid(&c->msg, c->peer, c->chan, m->token))
     conn_retry(c, "the process at that address is not this rank's peer", 0);
   else
     conn_finish(m, c);
@@ -236,7 +236,7 @@ static bool step_incoming(mesh_t *m, int i) {
     if ((rc = move_msg(c, false, &errnum)) < 0) return drop_incoming(m, i), false;
     if (rc == 0) return true;
     int peer, chan;
-    if (!tcp_hello_accept(&c->msg, m->st->n, m->st->me, m->token, m->claimed, &peer, &chan))
+    if (!tcc__tcp_hello_accept(&c->msg, m->st->n, m->st->me, m->token, m->claimed, &peer, &chan))
       return drop_incoming(m, i), false;
     m->claimed[2 * peer + chan] = true;
     c->peer = peer;
@@ -262,7 +262,7 @@ static tcc_result_t accept_all(mesh_t *m, tcc_err_t *err) {
     if (fd < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return TCC_OK;
       if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-      return tcc_err_set(err, TCC_ERR_SYSTEM,
+      return tcc__err_set(err, TCC_ERR_SYSTEM,
                          "tcp setup of communicator '%s' rank %d: accept failed: %s",
                          m->comm->name, m->st->me, strerror(errno));
     }
@@ -282,7 +282,7 @@ static tcc_result_t accept_all(mesh_t *m, tcc_err_t *err) {
     }
     set_nodelay(fd);
     m->in[m->nin++] = (conn_t){.fd = fd, .peer = -1, .phase = C_RECV,
-                               .time_ns = tcc_now_ns()};
+                               .time_ns = tcc__now_ns()};
   }
 }
 
@@ -340,7 +340,7 @@ static int64_t mesh_prepare_poll(mesh_t *m, int64_t now, int *npfd) {
 
 static tcc_result_t mesh_run(mesh_t *m, int64_t deadline, tcc_err_t *err) {
   while (m->connected < m->needed) {
-    int64_t now = tcc_now_ns();
+    int64_t now = tcc__now_ns();
     const char *why = NULL;
     tcc_result_t code = TCC_ERR_TIMEOUT;
     if (atomic_load(&m->comm->aborted)) why = "aborted", code = TCC_ERR_ABORTED;
@@ -348,7 +348,7 @@ static tcc_result_t mesh_run(mesh_t *m, int64_t deadline, tcc_err_t *err) {
     if (why) {
       char missing[TCC_ERRLEN / 2];
       describe_missing(m, missing, sizeof(missing));
-      return tcc_err_set(err, code, "tcp setup of communicator '%s' rank %d: %s; not "
+      return tcc__err_set(err, code, "tcp setup of communicator '%s' rank %d: %s; not "
                          "connected to %s", m->comm->name, m->st->me, why, missing);
     }
     int npfd;
@@ -357,7 +357,7 @@ static tcc_result_t mesh_run(mesh_t *m, int64_t deadline, tcc_err_t *err) {
     int timeout = wake > now ? (int)((wake - now + 999999) / 1000000) : 0;
     int rc = poll(m->pfd, (nfds_t)npfd, timeout);
     if (rc < 0 && errno != EINTR)
-      return tcc_err_set(err, TCC_ERR_SYSTEM, "tcp setup: poll failed: %s", strerror(errno));
+      return tcc__err_set(err, TCC_ERR_SYSTEM, "tcp setup: poll failed: %s", strerror(errno));
     if (rc <= 0) continue;
     /* outgoing first: stepping incoming ones may reorder m->in */
     bool accept_ready = false;
@@ -387,20 +387,20 @@ static void mesh_free(mesh_t *m) {
   free(m->pfd_conn);
 }
 
-tcc_result_t tcc_tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs,
+tcc_result_t tcc__tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs,
                            tcc_err_t *err) {
   int n = comm->size, me = comm->rank;
-  int64_t deadline = tcc_deadline_after_ms(atomic_load(&comm->timeout_ms));
+  int64_t deadline = tcc__deadline_after_ms(atomic_load(&comm->timeout_ms));
   for (int j = 0; j < n; j++)
     if (blobs[j].magic != TCC_BLOB_MAGIC) {
-      tcc_fd_close(ep->listen_fd);
+      tcc__fd_close(ep->listen_fd);
       ep->listen_fd = -1;
-      return tcc_err_set(err, TCC_ERR_INVALID, "tcp setup of communicator '%s' rank %d: "
+      return tcc__err_set(err, TCC_ERR_INVALID, "tcp setup of communicator '%s' rank %d: "
                          "endpoint blob of rank %d is not valid", comm->name, me, j);
     }
-  tcp_state_t *st = tcp_state_new(n, me, err);
+  tcp_state_t *st = tcc__tcp_state_new(n, me, err);
   if (!st) {
-    tcc_fd_close(ep->listen_fd);
+    tcc__fd_close(ep->listen_fd);
     ep->listen_fd = -1;
     return err ? err->code : TCC_ERR_SYSTEM;
   }
@@ -415,7 +415,7 @@ tcc_result_t tcc_tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_
   m.pfd_conn = calloc((size_t)max_pfd, sizeof(conn_t *));
   tcc_result_t r = TCC_OK;
   if (!m.out || !m.in || !m.claimed || !m.pfd || !m.pfd_conn) {
-    r = tcc_err_set(err, TCC_ERR_SYSTEM, "tcp setup: out of memory");
+    r = tcc__err_set(err, TCC_ERR_SYSTEM, "tcp setup: out of memory");
   } else {
     for (int i = 0; i < 2 * me; i++)
       m.out[i] = (conn_t){.fd = -1, .peer = i / 2, .chan = i % 2, .outgoing = true,
@@ -423,13 +423,13 @@ tcc_result_t tcc_tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_
     r = mesh_run(&m, deadline, err);
   }
   mesh_free(&m);
-  tcc_fd_close(ep->listen_fd); /* no one else may connect from now on */
+  tcc__fd_close(ep->listen_fd); /* no one else may connect from now on */
   ep->listen_fd = -1;
   if (r != TCC_OK) {
-    tcp_state_free(st);
+    tcc__tcp_state_free(st);
     return r;
   }
   comm->transport_state = st;
-  comm->ops = &tcp_transport_ops;
+  comm->ops = &tcc__tcp_transport_ops;
   return TCC_OK;
 }
