@@ -5,6 +5,7 @@
  */
 #include <string.h>
 
+#include "core/idle_wait.h"
 #include "transport/shm/shm.h"
 
 static void ring_doorbell(shm_state_t *st, int rank) {
@@ -78,14 +79,32 @@ static int p2p_ready(tcc_comm_t *comm, shm_state_t *st, const bool *want_write) 
   return 0;
 }
 
+/* What ends the p2p thread's sleep: a ring it can move bytes on, the
+ * doorbell rung since it decided to sleep (a peer wrote or read, or local
+ * work arrived: tcc__shm_p2p_notify), or the communicator failing. */
+typedef struct doorbell_wait {
+  tcc_comm_t *comm;
+  shm_state_t *st;
+  const bool *want_write;
+  unsigned rung_at; /* the doorbell's count when the wait began */
+} doorbell_wait_t;
+
+static bool p2p_wakeup(void *arg) {
+  const doorbell_wait_t *d = arg;
+  return atomic_load(&shm_ctrl(d->st, d->comm->rank)->doorbell) != d->rung_at || atomic_load(&d->comm->aborted) ||
+         p2p_ready(d->comm, d->st, d->want_write);
+}
+
 void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns) {
   shm_state_t *st = shm_of(comm);
   shm_rank_ctrl_t *me = shm_ctrl(st, comm->rank);
-  atomic_store(&me->doorbell_sleeping, 1);
-  unsigned v = atomic_load(&me->doorbell);
-  if (!p2p_ready(comm, st, want_write) && !atomic_load(&comm->aborted))
-    tcc__futex_wait(&me->doorbell, v, max_ns);
-  atomic_store(&me->doorbell_sleeping, 0);
+  doorbell_wait_t d = {comm, st, want_write, atomic_load(&me->doorbell)};
+  const int64_t now = tcc__now_ns();
+  /* Peers ring only while doorbell_sleeping is set (ring_doorbell). */
+  const tcc__idle_wait_t w = {.ready = p2p_wakeup, .arg = &d, .max_nap_ns = max_ns,
+                              .deadline_ns = max_ns > INT64_MAX - now ? INT64_MAX : now + max_ns,
+                              .word = &me->doorbell, .sleepers = &me->doorbell_sleeping};
+  tcc__idle_wait(&w);
 }
 
 void tcc__shm_p2p_notify(tcc_comm_t *comm) {
