@@ -26,7 +26,7 @@ void tcc__comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
   pthread_mutex_unlock(&comm->fail_lock);
   if (first) {
     tcc__host_executor.wake(comm);
-    tcc__device_executor.wake(comm); /* aborts NCCL */
+    tcc__device_executor.wake(comm); /* aborts what cannot end otherwise */
   }
 }
 

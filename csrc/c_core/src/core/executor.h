@@ -22,6 +22,13 @@
 
 struct tcc__executor {
   const char *name;
+  /* How messages name the memory it serves: "host memory", or a device
+   * kind that the device number follows ("CUDA device" 0). */
+  const char *memory_name;
+  /* TCC_OK when this build can run ops on buffers of `device`; else the
+   * reason, recorded as the calling thread's last error (tcc__fail),
+   * naming the op `what` and the buffer's `role`. NULL: every device. */
+  tcc_result_t (*accepts)(tcc_comm_t *comm, const char *what, const char *role, int device);
   /* Sets up the executor's per-communicator state (may start threads). */
   tcc_result_t (*attach)(tcc_comm_t *comm, tcc_err_t *err);
   /* Takes over a fully built op (the caller keeps its own reference) and
@@ -56,9 +63,9 @@ extern const tcc__executor_t tcc__device_executor; /* nccl/executor.c or nccl/no
 /* Whether tcc_comm_group_start is open on this communicator. */
 static inline int tcc__comm_in_group(tcc_comm_t *comm) { return atomic_load(&comm->group_depth) > 0; }
 
-/* Sleeps until op finished or deadline_ns (tcc__now_ns clock) passed
+/* Sleeps until op finished or timeout_ms (< 0: no limit) passed
  * (core/idle_wait.h, spinning comm->spin_iters first). The op's result, or
  * TCC_ERR_INPROGRESS at the deadline. What every executor's wait ends in. */
-tcc_result_t tcc__op_await(tcc_op_t *op, int64_t deadline_ns);
+tcc_result_t tcc__op_await(tcc_op_t *op, int64_t timeout_ms);
 
 #endif /* TCC_CORE_EXECUTOR_H */

@@ -66,7 +66,7 @@ struct tcc_op {
   tcc_comm_t *comm;
   const tcc__executor_t *exec; /* what runs it, chosen by its buffers' device */
   void *exec_state;            /* that executor's per-op state, or NULL */
-  int device;                  /* of its buffers: -1 host memory, else a CUDA device */
+  int device;                  /* of its buffers: -1 host memory, else a device of the device executor */
   tcc_op_kind_t kind;
   tcc_coll_t coll;     /* TCC_OP_COLL; arrays below are owned copies */
   void *owned_arrays;  /* one allocation backing coll.sends/recvs/counts */
@@ -113,7 +113,7 @@ struct tcc_comm {
   const struct tcc_transport_ops *ops;
   void *transport_state;
   struct tcc_engine *engine; /* the host executor's state (host/) */
-  void *device_state;        /* the device executor's state (nccl/) */
+  void *device_state;        /* the device executor's state (core/executor.h) */
   void *coll_scratch;        /* the collective algorithms' (coll/) */
   atomic_ullong coll_issued;   /* collectives issued (sequence numbers) */
   atomic_int aborted;          /* set by abort or a fatal failure */

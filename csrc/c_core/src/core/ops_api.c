@@ -20,8 +20,14 @@ static tcc_result_t check_usable(tcc_comm_t *comm, const char *what) {
                 comm->name, comm->rank, cause);
 }
 
+/* "host memory", or the device executor's name for `device`. */
+static void describe_memory(int device, char *out, size_t len) {
+  if (device < 0) snprintf(out, len, "%s", tcc__host_executor.memory_name);
+  else snprintf(out, len, "%s %d", tcc__device_executor.memory_name, device);
+}
+
 /* `dev` is the device of the op's first buffer: one op never mixes host
- * and CUDA memory, nor two CUDA devices. */
+ * and device memory, nor two devices. */
 static tcc_result_t check_buf_on(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b, int dev) {
   if ((unsigned)b.dtype >= TCC_DTYPE_COUNT)
     return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid dtype (%d)", what,
@@ -29,14 +35,14 @@ static tcc_result_t check_buf_on(tcc_comm_t *comm, const char *what, const char 
   if (b.device < -1)
     return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid device (%d)", what,
                   comm->name, role, b.device);
-  if (b.device >= 0 && !tcc_cuda_built())
-    return tcc__fail(TCC_ERR_UNSUPPORTED,
-                  "tccomm %s on '%s': %s buffer is on CUDA device %d, but tccomm was built without CUDA",
-                  what, comm->name, role, b.device);
+  if (b.device >= 0 && tcc__device_executor.accepts) {
+    tcc_result_t r = tcc__device_executor.accepts(comm, what, role, b.device);
+    if (r != TCC_OK) return r;
+  }
   if (b.device != dev) {
-    char a[32], c[32];
-    snprintf(a, sizeof a, dev < 0 ? "host memory" : "CUDA device %d", dev);
-    snprintf(c, sizeof c, b.device < 0 ? "host memory" : "CUDA device %d", b.device);
+    char a[48], c[48];
+    describe_memory(dev, a, sizeof a);
+    describe_memory(b.device, c, sizeof c);
     return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': the op mixes %s and %s (%s buffer)", what,
                   comm->name, a, c, role);
   }
@@ -134,8 +140,8 @@ static tcc_result_t submit_op(tcc_comm_t *comm, tcc_op_t *op, tcc_buf_t where, t
   return TCC_OK;
 }
 
-/* `where` is any buffer of the op: its device (and, for CUDA, the
- * caller's stream) decide whether the engine or NCCL runs it. */
+/* `where` is any buffer of the op: its device (and, for device memory,
+ * the caller's stream) decide which executor runs it. */
 static tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_op_opts_t *opts,
                                 const tcc_buf_t *sends, const tcc_buf_t *recvs, tcc_buf_t where,
                                 tcc_op_t **out) {

@@ -134,7 +134,7 @@ static tcc_result_t host_wait(tcc_op_t *op, int64_t timeout_ms) {
       op->exec->start(op);
     }
   }
-  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms));
+  return tcc__op_await(op, timeout_ms);
 }
 
 static void host_start(tcc_op_t *op) {
@@ -164,6 +164,7 @@ static tcc_result_t host_group_end(tcc_comm_t *comm, tcc_err_t *err) {
 
 const tcc__executor_t tcc__host_executor = {
     .name = "host",
+    .memory_name = "host memory",
     .attach = host_attach,
     .submit = host_submit,
     .test = host_test,

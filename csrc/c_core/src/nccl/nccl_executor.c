@@ -184,7 +184,7 @@ static int nccl_test(tcc_op_t *op) {
 
 /* The watchdog finishes the op (or fails it at its deadline). */
 static tcc_result_t nccl_wait(tcc_op_t *op, int64_t timeout_ms) {
-  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms));
+  return tcc__op_await(op, timeout_ms);
 }
 
 /* Enqueued ops progress on the device by themselves. */
@@ -249,6 +249,7 @@ static void nccl_release(tcc_comm_t *comm) {
 
 const tcc__executor_t tcc__device_executor = {
     .name = "nccl",
+    .memory_name = "CUDA device",
     .attach = nccl_attach,
     .submit = nccl_submit,
     .test = nccl_test,

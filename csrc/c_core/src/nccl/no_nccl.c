@@ -31,12 +31,18 @@ void *tcc_comm_cuda_stream(const tcc_comm_t *comm) {
   return NULL;
 }
 
-/* The core validates buffers first (a CUDA buffer is rejected there in
- * this build), so nothing reaches these; they fail safely if it does. */
+/* A CUDA buffer is refused by none_accepts when the op is validated, so
+ * nothing reaches the rest; they fail safely if it does. */
 static tcc_result_t none_attach(tcc_comm_t *comm, tcc_err_t *err) {
   (void)comm;
   (void)err;
   return TCC_OK;
+}
+
+static tcc_result_t none_accepts(tcc_comm_t *comm, const char *what, const char *role, int device) {
+  return tcc__fail(TCC_ERR_UNSUPPORTED,
+                   "tccomm %s on '%s': %s buffer is on CUDA device %d, but tccomm was built without CUDA", what,
+                   comm->name, role, device);
 }
 
 static tcc_result_t none_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tcc_err_t *err) {
@@ -49,7 +55,7 @@ static tcc_result_t none_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
 static int none_test(tcc_op_t *op) { return atomic_load(&op->finished); }
 
 static tcc_result_t none_wait(tcc_op_t *op, int64_t timeout_ms) {
-  return tcc__op_await(op, timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms));
+  return tcc__op_await(op, timeout_ms);
 }
 
 static void none_start(tcc_op_t *op) { (void)op; }
@@ -71,6 +77,8 @@ static tcc_result_t none_group_end(tcc_comm_t *comm, tcc_err_t *err) {
 
 const tcc__executor_t tcc__device_executor = {
     .name = "none",
+    .memory_name = "CUDA device",
+    .accepts = none_accepts,
     .attach = none_attach,
     .submit = none_submit,
     .test = none_test,
