@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import gc
 import os
 import signal
 import threading
@@ -233,14 +234,21 @@ def c_fork_dataloader(ctx):
     ctx.check_usable(what="after the DataLoader's workers exited")
 
     # a worker that exits in the middle of an epoch
+    epoch = iter(_loader(RankSquares(r, n, exit_at=9)))
     try:
-        for _ in _loader(RankSquares(r, n, exit_at=9)):
+        for _ in epoch:
             pass
     except RuntimeError as e:
         assert "exited unexpectedly" in str(e), \
             f"the DataLoader failed, but not on its worker's exit: {e}"
     else:
         raise AssertionError("a DataLoader worker called os._exit, yet the epoch completed")
+    # Until the iterator is gone its workers stay registered with torch's
+    # SIGCHLD handler, which then raises on any child's exit (the fork
+    # below) wherever this process happens to be; the traceback's cycles
+    # keep it alive until a collection.
+    del epoch
+    gc.collect()
     ctx.check_usable(what="after a DataLoader worker exited unexpectedly")
 
     # a child that ends the way a program ends: Python's exit handlers, then
