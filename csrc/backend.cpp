@@ -249,14 +249,17 @@ void TccBackend::shutdown() {
   tcc_comm_t* comm = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lifetime(lifetimeMutex_);
     comm = std::exchange(comm_, nullptr);
   }
   destroyComm(comm);
 }
 
 void TccBackend::abort() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (comm_ != nullptr && !aborted_) {
+  // Not mutex_: a thread issuing an op may hold it while it waits inside
+  // the core, and this abort is what ends that wait.
+  std::lock_guard<std::mutex> lifetime(lifetimeMutex_);
+  if (comm_ != nullptr && !aborted_.exchange(true)) {
     tcc_comm_abort(comm_);
   }
   aborted_ = true;
@@ -410,7 +413,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
             c10::str(msg, " (", ops.size(), " of the ", steps.size(), " ops of this ", op, " were issued)"));
       }
       if (pending->device() >= 0) {
-        pending->prepareCuda(tcc_comm_cuda_stream(comm_));
+        pending->prepareCuda(tcc_op_cuda_stream(handle));
       }
       PendingOp::start(pending, handle);
       ops.push_back(std::move(pending));

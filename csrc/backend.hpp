@@ -6,6 +6,7 @@
 // TccWork over those ops (work.hpp). No collective algorithm lives here.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <mutex>
@@ -198,9 +199,15 @@ class TccBackend final : public c10d::Backend {
   // Reduce-scatter of one tensor of size x the output's elements.
   Step reduceScatterTensor(const char* op, at::Tensor& output, at::Tensor& input, const Reduction& red) const;
 
-  std::mutex mutex_; // guards everything below
+  // Guards everything below. Held while ops are issued, which may wait
+  // inside the core (NCCL setup, a nonblocking NCCL enqueue), so abort()
+  // must not need it.
+  std::mutex mutex_;
+  // What abort() takes instead: comm_'s lifetime (shutdown writes comm_
+  // under both). Never held across a call that can block.
+  std::mutex lifetimeMutex_;
   tcc_comm_t* comm_; // nullptr once shut down
-  bool aborted_ = false;
+  std::atomic<bool> aborted_{false};
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<PendingOp>> coalescedOps_;
   std::vector<at::Tensor> coalescedOutputs_;

@@ -95,7 +95,9 @@ def _cuda_include():
     return None
 
 
-def test_c_core_cuda_path_compiles_warning_free_and_runs():
+def _cuda_headers():
+    """(nccl.h's directory, cuda_runtime_api.h's) for building the core's
+    CUDA path; skips the test when make or either header is missing."""
     if shutil.which("make") is None:
         pytest.skip("`make` is not installed")
     nccl, cuda = _nccl_include(), _cuda_include()
@@ -103,6 +105,11 @@ def test_c_core_cuda_path_compiles_warning_free_and_runs():
         pytest.skip("no nccl.h (install nvidia-nccl-cu* or set NCCL_INCLUDE_DIR)")
     if cuda is None:
         pytest.skip("no CUDA toolkit headers (cuda_runtime_api.h; set CUDA_HOME)")
+    return nccl, cuda
+
+
+def test_c_core_cuda_path_compiles_warning_free_and_runs():
+    nccl, cuda = _cuda_headers()
     core = os.path.join(ROOT, "csrc", "c_core")
     shutil.rmtree(os.path.join(core, "build", "cuda"), ignore_errors=True)  # compile every file now
     nccl_lib = os.path.join(os.path.dirname(nccl), "lib")
@@ -113,6 +120,21 @@ def test_c_core_cuda_path_compiles_warning_free_and_runs():
     assert "warning:" not in proc.stdout, proc.stdout
     assert "no warnings" in proc.stdout, proc.stdout
     assert "1 passed, 0 failed" in proc.stdout, proc.stdout
+
+
+def test_c_core_cuda_path_against_fake_gpu():
+    """The core's CUDA path, driven through test doubles of the CUDA runtime
+    and NCCL (csrc/c_core/tests/fake_gpu/): every collective and p2p op on 2
+    and 3 ranks checked against a host reference, and the fault cases (abort
+    of a thread stuck in NCCL, a peer that never joins, a dead peer,
+    NCCL_COMM_BLOCKING=0). Needs no GPU; CI runs it under ASan and TSan too."""
+    nccl, cuda = _cuda_headers()
+    core = os.path.join(ROOT, "csrc", "c_core")
+    proc = subprocess.run(["make", "-C", core, "fake-gpu", f"NCCL_INCLUDE={nccl}", f"CUDA_INCLUDE={cuda}"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    tail = "\n".join(proc.stdout.splitlines()[-60:])
+    assert proc.returncode == 0, "make fake-gpu failed:\n" + tail
+    assert ", 0 failed" in proc.stdout and "0 passed" not in proc.stdout.splitlines()[-1], tail
 
 
 NO_GPU_SCRIPT = r"""

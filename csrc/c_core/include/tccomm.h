@@ -283,14 +283,20 @@ void tcc_window_destroy(tcc_window_t *win);
 /* A buffer with device >= 0 is CUDA memory on that device; `stream` (a
  * cudaStream_t, NULL = the legacy default stream) is the caller's stream.
  * All buffers of one op must be on the same device, and a communicator
- * uses one device. Such an op runs through NCCL on the communicator's own
- * stream, which first waits for the caller's stream; the op is complete
- * when that work is (tcc_op_test / tcc_op_wait observe it from the host,
- * tcc_op_stream_wait makes another stream wait for it). The NCCL
- * communicator is created at the first CUDA op (every rank must issue it)
- * or by tcc_comm_cuda_init. Unlike host collectives, CUDA collectives are
- * not cross-checked between ranks, and point-to-point tags are ignored
- * (NCCL matches sends and receives by order per peer).
+ * uses one device. Such an op runs through NCCL on a stream of the core
+ * (tcc_op_cuda_stream), which first waits for the caller's stream; the op
+ * is complete when that work is (tcc_op_test / tcc_op_wait observe it from
+ * the host, tcc_op_stream_wait makes another stream wait for it).
+ *
+ * The group's NCCL communicator is created at the first CUDA collective or
+ * group (every rank must issue it) or by tcc_comm_cuda_init; a send/recv
+ * outside a group uses a two-rank NCCL communicator with its peer, created
+ * at their first one, with a stream of its own (an irecv waiting for its
+ * peer holds up no collective). NCCL communicators are nonblocking: every
+ * NCCL step is bounded by the op's timeout, and tcc_comm_abort releases a
+ * thread waiting in one. Unlike host collectives, CUDA collectives are not
+ * cross-checked between ranks, and point-to-point tags are ignored (NCCL
+ * matches sends and receives by order per peer).
  *
  * Ops enqueued while the caller's stream is capturing a CUDA graph are
  * complete at once from the host's view (the graph replays them); their
@@ -307,8 +313,8 @@ tcc_result_t tcc_nccl_runtime_version(int *version);
 /* Creates the NCCL communicator for `device` now rather than at the first
  * CUDA op. Collective: every rank calls it. */
 tcc_result_t tcc_comm_cuda_init(tcc_comm_t *comm, int device);
-/* The communicator's CUDA device and stream (cudaStream_t); -1 / NULL
- * before its NCCL communicator exists. */
+/* The communicator's CUDA device and the stream (cudaStream_t) of its
+ * collectives; -1 / NULL before its group NCCL communicator exists. */
 int tcc_comm_cuda_device(const tcc_comm_t *comm);
 void *tcc_comm_cuda_stream(const tcc_comm_t *comm);
 /* Brackets ops whose CUDA parts are issued as one NCCL group (one launch).
@@ -319,6 +325,10 @@ tcc_result_t tcc_comm_group_start(tcc_comm_t *comm);
 tcc_result_t tcc_comm_group_end(tcc_comm_t *comm);
 /* 1 for an op on CUDA buffers. */
 int tcc_op_is_cuda(const tcc_op_t *op);
+/* The stream (cudaStream_t) a CUDA op's NCCL work runs on: the group's for
+ * collectives, the pair's for a send/recv outside a group; NULL for a host
+ * op. The caller's tensors are in use on it until the op completes. */
+void *tcc_op_cuda_stream(const tcc_op_t *op);
 /* Makes `stream` wait (on the device, the host does not block) until the
  * CUDA op completes. TCC_OK at once for host ops. */
 tcc_result_t tcc_op_stream_wait(tcc_op_t *op, void *stream);

@@ -44,6 +44,9 @@ struct tcc__executor {
   void (*start)(tcc_op_t *op);
   /* Makes `stream` wait for the op's completion (device ops; host: no-op). */
   tcc_result_t (*stream_wait)(tcc_op_t *op, void *stream);
+  /* The stream the op's device work runs on; NULL: none (host ops, or not
+   * issued). NULL entry: never one. */
+  void *(*work_stream)(const tcc_op_t *op);
   /* Frees the executor's per-op state of an op being freed. */
   void (*op_free)(tcc_op_t *op);
   /* The communicator failed (comm->aborted is set): wake every thread

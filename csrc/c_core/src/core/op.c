@@ -75,6 +75,8 @@ int tcc_op_is_cuda(const tcc_op_t *op) { return op->device >= 0; }
 
 tcc_result_t tcc_op_stream_wait(tcc_op_t *op, void *stream) { return op->exec->stream_wait(op, stream); }
 
+void *tcc_op_cuda_stream(const tcc_op_t *op) { return op->exec->work_stream ? op->exec->work_stream(op) : NULL; }
+
 void tcc_op_on_complete(tcc_op_t *op, tcc_op_callback_t fn, void *arg) {
   pthread_mutex_lock(&op->cb_lock);
   if (!atomic_load(&op->finished)) {

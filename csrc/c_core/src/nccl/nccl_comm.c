@@ -3,9 +3,14 @@
  * setting NCCL up on the first CUDA op, tearing it down, and the public
  * CUDA calls.
  *
- * Bootstrap: rank 0 creates the ncclUniqueId and broadcasts it over the
- * group's own host path (the host executor), so NCCL needs no store of its
- * own and the exchange is bounded by the group's timeout.
+ * The state is made at the first CUDA op and holds no NCCL communicator
+ * yet. The group's communicator is made at the first collective (or group
+ * of ops, or tcc_comm_cuda_init): rank 0 creates the ncclUniqueId and
+ * broadcasts it over the group's own host path (the host executor), so
+ * NCCL needs no store of its own. A send/recv outside a group uses a
+ * two-rank communicator with its peer instead, made at their first one:
+ * the lower rank sends the id over the host path, so ranks that take no
+ * part are not needed. Every setup is bounded by the op's deadline.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,24 +23,24 @@ int tcc_nccl_header_version(void) { return NCCL_VERSION_CODE; }
 
 tcc_result_t tcc_nccl_runtime_version(int *version) {
   tcc_err_t err = {TCC_OK, {0}};
-  const tcc_nccl_lib_t *lib = tcc_nccl_lib(&err);
+  const tcc__nccl_lib_t *lib = tcc__nccl_lib(&err);
   *version = lib ? lib->version : 0;
   return lib ? TCC_OK : tcc__fail_with(&err, err.code);
 }
 
-cudaError_t tcc_cuda_enter_device(int device, int *prev) {
+cudaError_t tcc__cuda_enter_device(int device, int *prev) {
   cudaError_t e = cudaGetDevice(prev);
   if (e != cudaSuccess) return e;
   return *prev == device ? cudaSuccess : cudaSetDevice(device);
 }
 
-void tcc_cuda_leave_device(int device, int prev) {
+void tcc__cuda_leave_device(int device, int prev) {
   if (prev != device) cudaSetDevice(prev);
 }
 
 /* Shares rank 0's ncclUniqueId (with a status byte: rank 0 may fail to
  * make one, and the others must hear that rather than time out). */
-static tcc_result_t share_unique_id(tcc_comm_t *comm, const tcc_nccl_lib_t *lib, ncclUniqueId *id,
+static tcc_result_t share_unique_id(tcc_comm_t *comm, const tcc__nccl_lib_t *lib, ncclUniqueId *id,
                                     tcc_err_t *err) {
   uint8_t msg[1 + sizeof(ncclUniqueId)];
   memset(msg, 0, sizeof msg);
@@ -65,15 +70,56 @@ static tcc_result_t share_unique_id(tcc_comm_t *comm, const tcc_nccl_lib_t *lib,
   return TCC_OK;
 }
 
-static void free_state(struct tcc_cuda *c) {
+/* Sends the lower rank's fresh ncclUniqueId to the higher one over the
+ * host path's send/recv, with the same status byte as share_unique_id. */
+#define PAIR_ID_TAG 0xFFFFFFFFFFFF0C1DULL /* the core's own tag: user tags are torch ints */
+
+static tcc_result_t share_pair_id(tcc_comm_t *comm, const tcc__nccl_lib_t *lib, int peer, ncclUniqueId *id,
+                                  int64_t deadline_ns, tcc_err_t *err) {
+  uint8_t msg[1 + sizeof(ncclUniqueId)];
+  memset(msg, 0, sizeof msg);
+  const int lower = comm->rank < peer;
+  ncclResult_t nr = ncclSuccess;
+  if (lower) {
+    nr = lib->GetUniqueId(id);
+    msg[0] = nr == ncclSuccess ? 1 : 0;
+    if (nr == ncclSuccess) memcpy(msg + 1, id, sizeof *id);
+  }
+  tcc_buf_t b = {msg, sizeof msg, TCC_UINT8, -1, NULL};
+  int64_t left_ms = (deadline_ns - tcc__now_ns()) / 1000000;
+  tcc_op_opts_t opts = {left_ms > 0 ? left_ms : 1, 0};
+  tcc_op_t *op = NULL;
+  tcc_result_t r = lower ? tcc_send(comm, b, peer, PAIR_ID_TAG, &opts, &op) : tcc_recv(comm, b, peer, PAIR_ID_TAG, &opts, &op);
+  if (r == TCC_OK) {
+    r = tcc_op_wait(op, -1);
+    if (r != TCC_OK)
+      tcc__err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL id with rank %d failed: %s", comm->name,
+                   comm->rank, peer, tcc_op_error(op));
+    tcc_op_release(op);
+  } else {
+    tcc__err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL id with rank %d failed: %s", comm->name,
+                 comm->rank, peer, tcc_last_error());
+  }
+  if (r != TCC_OK) return r;
+  if (msg[0] != 1)
+    return tcc__err_set(err, TCC_ERR_REMOTE, "tccomm '%s' (rank %d): rank %d could not create an NCCL unique id%s%s",
+                        comm->name, comm->rank, lower ? comm->rank : peer, lower ? ": " : "",
+                        lower ? lib->GetErrorString(nr) : "");
+  memcpy(id, msg + 1, sizeof *id);
+  return TCC_OK;
+}
+
+static void free_state(struct tcc__cuda *c) {
   if (c->order_event) cudaEventDestroy(c->order_event);
-  if (c->stream) cudaStreamDestroy(c->stream);
+  free(c->pairs);
+  free(c->pair_ready);
   free(c);
 }
 
-/* Sets up the NCCL side for `device`. Caller holds the lock. Collective. */
-static tcc_result_t cuda_init_locked(tcc_comm_t *comm, int device, tcc_err_t *err) {
-  const tcc_nccl_lib_t *lib = tcc_nccl_lib(err);
+/* The local part of the CUDA state: device checks, the ordering event,
+ * the watchdog. Caller holds the issue lock. */
+static tcc_result_t cuda_state_create(tcc_comm_t *comm, int device, tcc_err_t *err) {
+  const tcc__nccl_lib_t *lib = tcc__nccl_lib(err);
   if (!lib) return err->code;
   int ndev = 0;
   cudaError_t e = cudaGetDeviceCount(&ndev);
@@ -83,45 +129,44 @@ static tcc_result_t cuda_init_locked(tcc_comm_t *comm, int device, tcc_err_t *er
   if (device < 0 || device >= ndev)
     return tcc__err_set(err, TCC_ERR_INVALID, "tccomm '%s' (rank %d): CUDA device %d does not exist (%d visible)",
                        comm->name, comm->rank, device, ndev);
-  ncclUniqueId id;
-  tcc_result_t r = share_unique_id(comm, lib, &id, err);
-  if (r != TCC_OK) return r;
-
-  struct tcc_cuda *c = calloc(1, sizeof *c);
-  if (!c) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  struct tcc__cuda *c = calloc(1, sizeof *c);
+  if (c) c->pairs = calloc((size_t)comm->size, sizeof *c->pairs);
+  if (c) c->pair_ready = calloc((size_t)comm->size, sizeof *c->pair_ready);
+  if (!c || !c->pairs || !c->pair_ready) {
+    if (c) free_state(c);
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  }
   c->nccl = lib;
   c->device = device;
+  const char *policy = getenv("TCCOMM_ASYNC_ERROR_HANDLING");
+  c->tear_down = !(policy && (strcmp(policy, "0") == 0 || strcmp(policy, "2") == 0));
   int prev = device;
-  e = tcc_cuda_enter_device(device, &prev);
-  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->order_event, cudaEventDisableTiming);
+  e = tcc__cuda_enter_device(device, &prev);
+  if (e == cudaSuccess) {
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed; /* legal while the caller captures */
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    e = cudaEventCreateWithFlags(&c->order_event, cudaEventDisableTiming);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+  }
+  tcc__cuda_leave_device(device, prev);
   if (e != cudaSuccess) {
-    tcc_cuda_leave_device(device, prev);
     free_state(c);
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): setting up CUDA device %d failed: %s",
                        comm->name, comm->rank, device, cudaGetErrorString(e));
   }
-  ncclResult_t nr = lib->CommInitRank(&c->nc, comm->size, id, comm->rank);
-  tcc_cuda_leave_device(device, prev);
-  if (nr != ncclSuccess) {
-    free_state(c);
-    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): ncclCommInitRank on CUDA device %d failed: %s",
-                       comm->name, comm->rank, device, lib->GetErrorString(nr));
-  }
   atomic_store(&nccl_comm_of(comm)->state, c); /* before the watchdog starts: it reads it */
-  r = tcc_cuda_watch_start(comm, c, err);
+  tcc_result_t r = tcc__cuda_watch_start(comm, c, err);
   if (r != TCC_OK) {
     atomic_store(&nccl_comm_of(comm)->state, NULL);
-    lib->CommDestroy(c->nc);
     free_state(c);
   }
   return r;
 }
 
-struct tcc_cuda *tcc_cuda_state_for(tcc_comm_t *comm, int device, const char *what, tcc_err_t *err) {
-  struct tcc_cuda *c = nccl_state_of(comm);
+struct tcc__cuda *tcc__cuda_state_for(tcc_comm_t *comm, int device, const char *what, tcc_err_t *err) {
+  struct tcc__cuda *c = nccl_state_of(comm);
   if (!c) {
-    if (cuda_init_locked(comm, device, err) != TCC_OK) return NULL;
+    if (cuda_state_create(comm, device, err) != TCC_OK) return NULL;
     c = nccl_state_of(comm);
   }
   if (c->device != device) {
@@ -134,19 +179,61 @@ struct tcc_cuda *tcc_cuda_state_for(tcc_comm_t *comm, int device, const char *wh
   return c;
 }
 
-void tcc_cuda_state_free(tcc_comm_t *comm, struct tcc_cuda *c) {
+static tcc_result_t ncomm_setup(tcc_comm_t *comm, struct tcc__cuda *c, tcc__ncomm_t *nc, const char *label, int nranks,
+                                const ncclUniqueId *id, int rank, const char *what, int64_t deadline_ns,
+                                tcc_err_t *err) {
   int prev = c->device;
-  tcc_cuda_enter_device(c->device, &prev);
-  if (c->nccl_aborted || atomic_load(&comm->aborted)) {
-    if (!c->nccl_aborted) c->nccl->CommAbort(c->nc);
-  } else {
-    c->nccl->CommDestroy(c->nc);
-  }
+  cudaError_t e = tcc__cuda_enter_device(c->device, &prev);
+  if (e != cudaSuccess)
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): cannot use CUDA device %d: %s", what,
+                        comm->name, comm->rank, c->device, cudaGetErrorString(e));
+  tcc_result_t r = tcc__ncomm_create(nc, comm, c->nccl, label, nranks, id, rank, what, deadline_ns, err);
+  tcc__cuda_leave_device(c->device, prev);
+  return r;
+}
+
+tcc__ncomm_t *tcc__cuda_group_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, const char *what, int64_t deadline_ns,
+                                  tcc_err_t *err) {
+  if (atomic_load(&c->coll_ready)) return &c->coll;
+  ncclUniqueId id;
+  if (share_unique_id(comm, c->nccl, &id, err) != TCC_OK) return NULL;
+  char label[64];
+  snprintf(label, sizeof label, "the group's NCCL communicator");
+  if (ncomm_setup(comm, c, &c->coll, label, comm->size, &id, comm->rank, what, deadline_ns, err) != TCC_OK) return NULL;
+  atomic_store(&c->coll_ready, 1);
+  return &c->coll;
+}
+
+tcc__ncomm_t *tcc__cuda_pair_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, int peer, const char *what, int64_t deadline_ns,
+                                 tcc_err_t *err) {
+  if (atomic_load(&c->pair_ready[peer])) return &c->pairs[peer];
+  ncclUniqueId id;
+  if (share_pair_id(comm, c->nccl, peer, &id, deadline_ns, err) != TCC_OK) return NULL;
+  char label[64];
+  snprintf(label, sizeof label, "the NCCL communicator with rank %d", peer);
+  if (ncomm_setup(comm, c, &c->pairs[peer], label, 2, &id, comm->rank < peer ? 0 : 1, what, deadline_ns, err) != TCC_OK)
+    return NULL;
+  atomic_store(&c->pair_ready[peer], 1);
+  return &c->pairs[peer];
+}
+
+void tcc__cuda_each_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, void (*fn)(tcc__ncomm_t *nc, void *arg), void *arg) {
+  if (atomic_load(&c->coll_ready)) fn(&c->coll, arg);
+  for (int p = 0; p < comm->size; p++)
+    if (atomic_load(&c->pair_ready[p])) fn(&c->pairs[p], arg);
+}
+
+static void free_one(tcc__ncomm_t *nc, void *graceful) { tcc__ncomm_free(nc, *(int *)graceful); }
+
+void tcc__cuda_state_free(tcc_comm_t *comm, struct tcc__cuda *c) {
+  int prev = c->device;
+  tcc__cuda_enter_device(c->device, &prev);
   const int device = c->device;
-  cudaStreamSynchronize(c->stream);
+  int graceful = !atomic_load(&comm->aborted);
+  tcc__cuda_each_ncomm(comm, c, free_one, &graceful);
   atomic_store(&nccl_comm_of(comm)->state, NULL);
   free_state(c);
-  tcc_cuda_leave_device(device, prev);
+  tcc__cuda_leave_device(device, prev);
 }
 
 /* ---- public calls ---------------------------------------------------------- */
@@ -154,17 +241,18 @@ void tcc_cuda_state_free(tcc_comm_t *comm, struct tcc_cuda *c) {
 tcc_result_t tcc_comm_cuda_init(tcc_comm_t *comm, int device) {
   tcc_err_t err = {TCC_OK, {0}};
   pthread_mutex_lock(&nccl_comm_of(comm)->lock);
-  struct tcc_cuda *c = tcc_cuda_state_for(comm, device, "cuda_init", &err);
+  struct tcc__cuda *c = tcc__cuda_state_for(comm, device, "cuda_init", &err);
+  tcc__ncomm_t *nc = c ? tcc__cuda_group_ncomm(comm, c, "cuda_init", tcc__deadline_after_ms(comm->timeout_ms), &err) : NULL;
   pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
-  return c ? TCC_OK : tcc__fail_with(&err, err.code);
+  return nc ? TCC_OK : tcc__fail_with(&err, err.code);
 }
 
 int tcc_comm_cuda_device(const tcc_comm_t *comm) {
-  struct tcc_cuda *c = nccl_state_of((tcc_comm_t *)comm);
+  struct tcc__cuda *c = nccl_state_of((tcc_comm_t *)comm);
   return c ? c->device : -1;
 }
 
 void *tcc_comm_cuda_stream(const tcc_comm_t *comm) {
-  struct tcc_cuda *c = nccl_state_of((tcc_comm_t *)comm);
-  return c ? (void *)c->stream : NULL;
+  struct tcc__cuda *c = nccl_state_of((tcc_comm_t *)comm);
+  return c && atomic_load(&c->coll_ready) ? (void *)c->coll.stream : NULL;
 }

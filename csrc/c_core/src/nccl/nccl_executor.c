@@ -2,10 +2,12 @@
  * executor.c - the device executor (core/executor.h) for CUDA buffers:
  * ops become NCCL calls on the communicator's stream.
  *
- * Issuing (the caller's thread, under the communicator's NCCL lock):
- * record an event on the caller's stream, make the NCCL stream wait for
- * it, make the NCCL calls, record the op's completion event on the NCCL
- * stream. Outside a graph capture the op is then handed to the watchdog
+ * Issuing (the caller's thread, under the communicator's issue lock, which
+ * neither the watchdog nor an abort takes): record an event on the
+ * caller's stream, make the NCCL stream wait for it, make the NCCL calls
+ * (between tcc__ncomm_enter and leave), wait until a nonblocking NCCL has
+ * really enqueued them (tcc__ncomm_settle, bounded by the op's deadline),
+ * record the op's completion event on the NCCL stream. Outside a graph capture the op is then handed to the watchdog
  * (watch.c); inside one it is complete at once from the host's view: the
  * graph owns the work, nothing queries its event and no host callback
  * waits for it.
@@ -19,23 +21,41 @@
 /* Records the op's completion event and hands it on (see the file comment).
  * A captured op is finished by the caller once the lock is released: its
  * completion callback may issue the next op. */
-static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, int captured,
+static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *op, int captured,
                                      tcc_err_t *err) {
-  tcc_result_t r = tcc_cuda_post(comm, c, op, err);
+  tcc__ncomm_t *n = nccl_op_of(op)->ncomm;
+  tcc_result_t r = tcc__cuda_post(comm, n, op, err);
   if (r != TCC_OK) return r;
   cudaError_t e;
-  cudaEvent_t ev = tcc_cuda_event_get(c->device, &e);
-  if (ev) e = cudaEventRecord(ev, c->stream);
+  cudaEvent_t ev = tcc__cuda_event_get(c->device, &e);
+  if (ev) e = cudaEventRecord(ev, n->stream);
   if (e != cudaSuccess) {
-    tcc_cuda_event_put(c->device, ev);
+    tcc__cuda_event_put(c->device, ev);
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): recording its completion failed: %s",
                        tcc__op_name(op), comm->name, comm->rank, cudaGetErrorString(e));
   }
   op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
   nccl_op_of(op)->captured = captured;
   atomic_store(&nccl_op_of(op)->event, ev); /* after the fields its readers check */
-  if (!captured) tcc_cuda_watch(c, op);
+  if (!captured) tcc__cuda_watch(c, op);
   return TCC_OK;
+}
+
+/* An NCCL call that did not settle leaves the communicator in an unknown
+ * state (partly enqueued work, NCCL stuck): it fails, and the watchdog
+ * aborts NCCL. Bad arguments fail only the op. */
+static tcc_result_t fail_comm_unless_invalid(tcc_comm_t *comm, tcc_result_t r, const tcc_err_t *err) {
+  if (r != TCC_OK && r != TCC_ERR_INVALID && r != TCC_ERR_UNSUPPORTED && !atomic_load(&comm->aborted))
+    tcc__comm_fail(comm, r, err->msg);
+  return r;
+}
+
+static tcc_result_t unusable(tcc_comm_t *comm, const char *what, tcc_err_t *err) {
+  char cause[TCC_ERRLEN];
+  tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
+  return tcc__err_set(err, code != TCC_OK ? code : TCC_ERR_ABORTED,
+                      "tccomm %s on '%s' (rank %d): communicator is no longer usable: %.400s", what, comm->name,
+                      comm->rank, *cause ? cause : "its NCCL communicator was aborted");
 }
 
 static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tcc_err_t *err) {
@@ -44,29 +64,39 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   nccl_op_t *st = calloc(1, sizeof *st);
   if (!st) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory", what, comm->name, comm->rank);
   op->exec_state = st;
+  const int64_t deadline = tcc__deadline_after_ms(op->timeout_ms);
   pthread_mutex_lock(&nccl_comm_of(comm)->lock);
   int prev = device;
   tcc_result_t r = TCC_OK;
-  struct tcc_cuda *c = tcc_cuda_state_for(comm, device, what, err);
-  if (!c) {
-    r = err->code;
+  struct tcc__cuda *c = NULL;
+  tcc__ncomm_t *n = NULL;
+  if (atomic_load(&comm->aborted)) {
+    r = unusable(comm, what, err);
     goto out;
   }
-  if (atomic_load(&comm->aborted) || c->nccl_aborted) {
-    char cause[TCC_ERRLEN];
-    tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
-    r = tcc__err_set(err, code != TCC_OK ? code : TCC_ERR_ABORTED,
-                    "tccomm %s on '%s' (rank %d): communicator is no longer usable: %.400s", what, comm->name,
-                    comm->rank, cause);
+  c = tcc__cuda_state_for(comm, device, what, err);
+  const int pairwise = op->kind != TCC_OP_COLL && !tcc__comm_in_group(comm) && op->peer != comm->rank;
+  if (c) n = pairwise ? tcc__cuda_pair_ncomm(comm, c, op->peer, what, deadline, err)
+                      : tcc__cuda_group_ncomm(comm, c, what, deadline, err);
+  if (!n) {
+    /* A setup that failed half way leaves the peers' NCCL in an unknown
+     * state: no later op may retry it out of step with them. */
+    r = c ? fail_comm_unless_invalid(comm, err->code, err) : err->code;
+    goto out;
+  }
+  st->ncomm = n;
+  st->nccl_peer = !pairwise ? op->peer : comm->rank < op->peer ? 1 : 0; /* the lower rank is 0 in a pair */
+  if (atomic_load(&comm->aborted) || atomic_load(&c->nccl_aborted)) {
+    r = unusable(comm, what, err);
     goto out;
   }
   cudaStream_t s = (cudaStream_t)stream;
   enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  cudaError_t e = tcc_cuda_enter_device(device, &prev);
+  cudaError_t e = tcc__cuda_enter_device(device, &prev);
   if (e == cudaSuccess) e = cudaStreamIsCapturing(s, &cs);
   /* The NCCL stream follows the caller's stream (and joins its capture). */
   if (e == cudaSuccess) e = cudaEventRecord(c->order_event, s);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream, c->order_event, 0);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, c->order_event, 0);
   if (e != cudaSuccess) {
     r = tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ordering after the caller's stream failed: %s",
                     what, comm->name, comm->rank, cudaGetErrorString(e));
@@ -82,7 +112,12 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     }
     c->nccl_group_open = 1;
   }
-  r = tcc_cuda_issue(comm, c, op, err);
+  if (!tcc__ncomm_enter(n)) {
+    r = unusable(comm, what, err);
+    goto out;
+  }
+  r = tcc__cuda_issue(comm, n, op, err);
+  tcc__ncomm_leave(n);
   if (r != TCC_OK) goto out;
   if (c->nccl_group_open) {
     /* Its kernel launches at the group's end: the event is recorded then. */
@@ -90,18 +125,21 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     tcc__queue_push(&c->group_head, &c->group_tail, op);
     c->group_captured |= captured;
   } else {
-    r = complete_enqueue(comm, c, op, captured, err);
+    /* A nonblocking NCCL may still be enqueueing: the completion event
+     * must not be recorded before its kernels are. */
+    if (n->nonblocking) r = fail_comm_unless_invalid(comm, tcc__ncomm_settle(n, what, "enqueueing", deadline, err), err);
+    if (r == TCC_OK) r = complete_enqueue(comm, c, op, captured, err);
   }
 out:
-  /* On success, staging memory is freed by tcc_cuda_post: already, or at
+  /* On success, staging memory is freed by tcc__cuda_post: already, or at
    * the group's end (an allgather in a group copies out of it then). */
   if (r != TCC_OK && st->tmp) {
-    if (c) cudaFreeAsync(st->tmp, c->stream);
+    if (n) cudaFreeAsync(st->tmp, n->stream);
     st->tmp = NULL;
   }
-  if (c) tcc_cuda_leave_device(device, prev);
+  if (c) tcc__cuda_leave_device(device, prev);
   pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
-  if (r == TCC_OK && st->captured) tcc_cuda_finish(op, TCC_OK, NULL);
+  if (r == TCC_OK && st->captured) tcc__cuda_finish(op, TCC_OK, NULL);
   return r;
 }
 
@@ -110,15 +148,22 @@ out:
 /* The outermost group ended: launch the NCCL group and hand its ops on. */
 static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
   pthread_mutex_lock(&nccl_comm_of(comm)->lock);
-  struct tcc_cuda *c = nccl_state_of(comm);
+  struct tcc__cuda *c = nccl_state_of(comm);
   if (!c || !c->nccl_group_open) {
     pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
     return TCC_OK;
   }
   int prev = c->device;
-  tcc_cuda_enter_device(c->device, &prev);
+  tcc__cuda_enter_device(c->device, &prev);
   c->nccl_group_open = 0;
   ncclResult_t nr = c->nccl->GroupEnd();
+  tcc_err_t settle_err = {TCC_OK, {0}};
+  tcc_result_t settled = TCC_OK;
+  if ((nr == ncclSuccess || nr == ncclInProgress) && c->coll.nonblocking && c->group_head)
+    settled = fail_comm_unless_invalid(
+        comm, tcc__ncomm_settle(&c->coll, "group", "ncclGroupEnd", tcc__deadline_after_ms(c->group_head->timeout_ms),
+                               &settle_err),
+        &settle_err);
   tcc_op_t *list = c->group_head;
   const int captured = c->group_captured;
   c->group_head = c->group_tail = NULL;
@@ -134,6 +179,8 @@ static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
     if (nr != ncclSuccess && nr != ncclInProgress)
       r = tcc__err_set(&err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ncclGroupEnd failed: %s",
                       tcc__op_name(op), comm->name, comm->rank, c->nccl->GetErrorString(nr));
+    else if (settled != TCC_OK)
+      r = tcc__err_set(&err, settled, "%s", settle_err.msg);
     else
       r = complete_enqueue(comm, c, op, captured, &err);
     if (r != TCC_OK) {
@@ -152,17 +199,17 @@ static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
       tcc_op_release(op); /* the group's reference; the watchdog holds its own */
     }
   }
-  tcc_cuda_leave_device(c->device, prev);
+  tcc__cuda_leave_device(c->device, prev);
   pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
   while (done) {
     tcc_op_t *op = done;
     done = op->next;
     op->next = NULL;
-    if (op->result == TCC_ERR_INPROGRESS) tcc_cuda_finish(op, TCC_OK, NULL);
+    if (op->result == TCC_ERR_INPROGRESS) tcc__cuda_finish(op, TCC_OK, NULL);
     else {
       char msg[TCC_ERRLEN]; /* tcc__op_finish writes op->error */
       snprintf(msg, sizeof msg, "%s", op->error);
-      tcc_cuda_finish(op, op->result, msg);
+      tcc__cuda_finish(op, op->result, msg);
     }
     tcc_op_release(op);
   }
@@ -178,7 +225,7 @@ static int nccl_test(tcc_op_t *op) {
   cudaThreadExchangeStreamCaptureMode(&mode);
   cudaError_t q = cudaEventQuery(ev);
   cudaThreadExchangeStreamCaptureMode(&mode);
-  if (q == cudaSuccess) tcc_cuda_finish(op, TCC_OK, NULL); /* the watchdog drops it later */
+  if (q == cudaSuccess) tcc__cuda_finish(op, TCC_OK, NULL); /* the watchdog drops it later */
   return atomic_load(&op->finished);
 }
 
@@ -199,11 +246,16 @@ static tcc_result_t nccl_stream_wait(tcc_op_t *op, void *stream) {
   return cudaStreamWaitEvent((cudaStream_t)stream, ev, 0) == cudaSuccess ? TCC_OK : TCC_ERR_SYSTEM;
 }
 
+static void *nccl_work_stream(const tcc_op_t *op) {
+  const nccl_op_t *st = op->exec_state;
+  return st && st->ncomm ? (void *)st->ncomm->stream : NULL;
+}
+
 static void nccl_op_free(tcc_op_t *op) {
   nccl_op_t *st = nccl_op_of(op);
   if (!st) return;
   cudaEvent_t ev = atomic_exchange(&st->event, NULL);
-  if (ev) tcc_cuda_event_put(op->device, ev);
+  if (ev) tcc__cuda_event_put(op->device, ev);
   free(st);
   op->exec_state = NULL;
 }
@@ -217,14 +269,14 @@ static tcc_result_t nccl_attach(tcc_comm_t *comm, tcc_err_t *err) {
 }
 
 static void nccl_wake(tcc_comm_t *comm) {
-  struct tcc_cuda *c = comm->device_state ? nccl_state_of(comm) : NULL;
-  if (c) tcc_cuda_watch_wake(c);
+  struct tcc__cuda *c = comm->device_state ? nccl_state_of(comm) : NULL;
+  if (c) tcc__cuda_watch_wake(c);
 }
 
 /* Ops left in a group nobody ended were never launched; the ops in
  * flight end or fail by their deadlines; then NCCL goes. */
 static void nccl_stop(tcc_comm_t *comm) {
-  struct tcc_cuda *c = comm->device_state ? nccl_state_of(comm) : NULL;
+  struct tcc__cuda *c = comm->device_state ? nccl_state_of(comm) : NULL;
   if (!c) return;
   tcc_op_t *list = c->group_head;
   c->group_head = c->group_tail = NULL;
@@ -232,11 +284,11 @@ static void nccl_stop(tcc_comm_t *comm) {
   while (list) {
     tcc_op_t *op = list;
     list = op->next;
-    tcc_cuda_finish(op, TCC_ERR_ABORTED, "tccomm: the communicator was destroyed inside an open group");
+    tcc__cuda_finish(op, TCC_ERR_ABORTED, "tccomm: the communicator was destroyed inside an open group");
     tcc_op_release(op);
   }
-  tcc_cuda_watch_stop(c);
-  tcc_cuda_state_free(comm, c);
+  tcc__cuda_watch_stop(c);
+  tcc__cuda_state_free(comm, c);
 }
 
 static void nccl_release(tcc_comm_t *comm) {
@@ -256,6 +308,7 @@ const tcc__executor_t tcc__device_executor = {
     .wait = nccl_wait,
     .start = nccl_start,
     .stream_wait = nccl_stream_wait,
+    .work_stream = nccl_work_stream,
     .op_free = nccl_op_free,
     .wake = nccl_wake,
     .group_end = nccl_group_end,

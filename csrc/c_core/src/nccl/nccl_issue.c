@@ -20,13 +20,12 @@
 #include <stdio.h>
 #include <string.h>
 
-static tcc_result_t nccl_failed(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op_t *op,
-                                const char *call, ncclResult_t r, tcc_err_t *err) {
-  const char *last = c->nccl->GetLastError ? c->nccl->GetLastError(c->nc) : NULL;
-  tcc_result_t code = r == ncclInvalidArgument || r == ncclInvalidUsage ? TCC_ERR_INVALID : TCC_ERR_SYSTEM;
-  return tcc__err_set(err, code, "tccomm %s on '%s' (rank %d): %s failed: %s%s%.200s", tcc__op_name(op),
-                     comm->name, comm->rank, call, c->nccl->GetErrorString(r),
-                     last && *last ? ": " : "", last ? last : "");
+static inline ncclComm_t handle(tcc__ncomm_t *ncomm) { return atomic_load(&ncomm->nc); }
+
+static tcc_result_t nccl_failed(tcc_comm_t *comm, tcc__ncomm_t *ncomm, const tcc_op_t *op, const char *call,
+                                ncclResult_t r, tcc_err_t *err) {
+  (void)comm;
+  return tcc__ncomm_failed(ncomm, tcc__op_name(op), call, r, err);
 }
 
 static tcc_result_t cuda_failed(tcc_comm_t *comm, const tcc_op_t *op, const char *call, cudaError_t e,
@@ -39,7 +38,7 @@ static tcc_result_t cuda_failed(tcc_comm_t *comm, const tcc_op_t *op, const char
   do {                                                                 \
     ncclResult_t nccl_r_ = (expr);                                     \
     if (nccl_r_ != ncclSuccess && nccl_r_ != ncclInProgress)           \
-      return nccl_failed(comm, c, op, call_name, nccl_r_, err);        \
+      return nccl_failed(comm, ncomm, op, call_name, nccl_r_, err);        \
   } while (0)
 
 #define CUDA_TRY(call_name, expr)                                      \
@@ -53,20 +52,20 @@ static tcc_result_t unsupported(tcc_comm_t *comm, const tcc_op_t *op, const char
                      comm->name, comm->rank, why);
 }
 
-static void version_str(int v, char *out, size_t len) { tcc_nccl_version_string(v, out, len); }
+static void version_str(int v, char *out, size_t len) { tcc__nccl_version_string(v, out, len); }
 
 /* ---- dtype and reduce op -------------------------------------------------- */
 
-static tcc_result_t map_dtype(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op_t *op, tcc_dtype_t dt,
+static tcc_result_t map_dtype(tcc_comm_t *comm, tcc__ncomm_t *ncomm, const tcc_op_t *op, tcc_dtype_t dt,
                               ncclDataType_t *out, tcc_err_t *err) {
   switch (dt) {
     case TCC_FLOAT32: *out = ncclFloat32; return TCC_OK;
     case TCC_FLOAT64: *out = ncclFloat64; return TCC_OK;
     case TCC_FLOAT16: *out = ncclFloat16; return TCC_OK;
     case TCC_BFLOAT16: {
-      if (c->nccl->version < TCC_NCCL_BF16_VERSION) {
+      if (ncomm->nccl->version < TCC_NCCL_BF16_VERSION) {
         char have[32], msg[160];
-        version_str(c->nccl->version, have, sizeof have);
+        version_str(ncomm->nccl->version, have, sizeof have);
         snprintf(msg, sizeof msg, "bfloat16 reductions need NCCL >= 2.10; this process has NCCL %s", have);
         return unsupported(comm, op, msg, err);
       }
@@ -88,7 +87,7 @@ static tcc_result_t map_dtype(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op
 
 /* The NCCL op for (dtype, redop). *created is set when the op is a
  * PreMulSum the caller must destroy after the call. */
-static tcc_result_t map_redop(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op_t *op, ncclDataType_t t,
+static tcc_result_t map_redop(tcc_comm_t *comm, tcc__ncomm_t *ncomm, const tcc_op_t *op, ncclDataType_t t,
                               ncclRedOp_t *out, int *created, tcc_err_t *err) {
   const tcc_dtype_t dt = op->coll.dtype;
   const tcc_redop_t r = op->coll.redop;
@@ -104,14 +103,14 @@ static tcc_result_t map_redop(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op
     }
   }
   char have[32], msg[200];
-  version_str(c->nccl->version, have, sizeof have);
+  version_str(ncomm->nccl->version, have, sizeof have);
   switch (r) {
     case TCC_SUM: *out = ncclSum; return TCC_OK;
     case TCC_PRODUCT: *out = ncclProd; return TCC_OK;
     case TCC_MIN: *out = ncclMin; return TCC_OK;
     case TCC_MAX: *out = ncclMax; return TCC_OK;
     case TCC_AVG:
-      if (c->nccl->version < TCC_NCCL_AVG_VERSION) {
+      if (ncomm->nccl->version < TCC_NCCL_AVG_VERSION) {
         snprintf(msg, sizeof msg, "AVG needs NCCL >= 2.10 (ncclAvg); this process has NCCL %s", have);
         return unsupported(comm, op, msg, err);
       }
@@ -122,7 +121,7 @@ static tcc_result_t map_redop(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op
                                 "on CUDA", tcc_redop_name(r), tcc_dtype_name(dt));
       return unsupported(comm, op, msg, err);
     case TCC_PREMUL_SUM: {
-      if (!c->nccl->RedOpCreatePreMulSum || !c->nccl->RedOpDestroy) {
+      if (!ncomm->nccl->RedOpCreatePreMulSum || !ncomm->nccl->RedOpDestroy) {
         snprintf(msg, sizeof msg, "PREMUL_SUM needs NCCL >= 2.11 (ncclRedOpCreatePreMulSum); this process "
                                   "has NCCL %s", have);
         return unsupported(comm, op, msg, err);
@@ -138,7 +137,7 @@ static tcc_result_t map_redop(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op
         tcc__reduce_n(&scalar.h, &src, 1, 1, dt, TCC_PREMUL_SUM, op->coll.premul);
       }
       NCCL_TRY("ncclRedOpCreatePreMulSum",
-               c->nccl->RedOpCreatePreMulSum(out, &scalar, t, ncclScalarHostImmediate, c->nc));
+               ncomm->nccl->RedOpCreatePreMulSum(out, &scalar, t, ncclScalarHostImmediate, handle(ncomm)));
       *created = 1;
       return TCC_OK;
     }
@@ -156,78 +155,78 @@ static int consecutive(void *const *bufs, int n, size_t bytes) {
   return 1;
 }
 
-static tcc_result_t copy_async(tcc_comm_t *comm, struct tcc_cuda *c, const tcc_op_t *op, void *dst,
+static tcc_result_t copy_async(tcc_comm_t *comm, tcc__ncomm_t *ncomm, const tcc_op_t *op, void *dst,
                                const void *src, size_t bytes, tcc_err_t *err) {
   if (!bytes || dst == src) return TCC_OK;
-  CUDA_TRY("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+  CUDA_TRY("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ncomm->stream));
   return TCC_OK;
 }
 
 /* Stream-ordered staging memory (legal during graph capture, unlike cudaMalloc). */
-static tcc_result_t stage_alloc(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, size_t bytes,
+static tcc_result_t stage_alloc(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op, size_t bytes,
                                 tcc_err_t *err) {
-  CUDA_TRY("cudaMallocAsync", cudaMallocAsync(&nccl_op_of(op)->tmp, bytes, c->stream));
+  CUDA_TRY("cudaMallocAsync", cudaMallocAsync(&nccl_op_of(op)->tmp, bytes, ncomm->stream));
   return TCC_OK;
 }
 
 /* ---- collectives ---------------------------------------------------------- */
 
-static tcc_result_t issue_reduction(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, tcc_err_t *err) {
+static tcc_result_t issue_reduction(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op, tcc_err_t *err) {
   const tcc_coll_t *k = &op->coll;
   const int n = comm->size;
   const size_t bytes = k->count * tcc_dtype_size(k->dtype);
   ncclDataType_t t = ncclInt8;
   ncclRedOp_t rop = ncclSum;
   int created = 0;
-  tcc_result_t r = map_dtype(comm, c, op, k->dtype, &t, err);
-  if (r == TCC_OK) r = map_redop(comm, c, op, t, &rop, &created, err);
+  tcc_result_t r = map_dtype(comm, ncomm, op, k->dtype, &t, err);
+  if (r == TCC_OK) r = map_redop(comm, ncomm, op, t, &rop, &created, err);
   if (r != TCC_OK) return r;
   ncclResult_t nr = ncclSuccess;
   const char *call = "";
   if (k->kind == TCC_COLL_ALLREDUCE) {
     call = "ncclAllReduce";
-    nr = c->nccl->AllReduce(k->send, k->recv, k->count, t, rop, c->nc, c->stream);
+    nr = ncomm->nccl->AllReduce(k->send, k->recv, k->count, t, rop, handle(ncomm), ncomm->stream);
   } else if (k->kind == TCC_COLL_REDUCE) {
     call = "ncclReduce"; /* recv is only read on the root */
-    nr = c->nccl->Reduce(k->send, k->recv ? k->recv : k->send, k->count, t, rop, k->root, c->nc, c->stream);
+    nr = ncomm->nccl->Reduce(k->send, k->recv ? k->recv : k->send, k->count, t, rop, k->root, handle(ncomm), ncomm->stream);
   } else {
     call = "ncclReduceScatter";
     const void *src = k->sends[0];
     if (bytes && !consecutive(k->sends, n, bytes)) {
-      r = stage_alloc(comm, c, op, (size_t)n * bytes, err);
+      r = stage_alloc(comm, ncomm, op, (size_t)n * bytes, err);
       for (int j = 0; j < n && r == TCC_OK; j++)
-        r = copy_async(comm, c, op, (char *)nccl_op_of(op)->tmp + (size_t)j * bytes, k->sends[j], bytes, err);
+        r = copy_async(comm, ncomm, op, (char *)nccl_op_of(op)->tmp + (size_t)j * bytes, k->sends[j], bytes, err);
       src = nccl_op_of(op)->tmp;
     }
-    if (r == TCC_OK) nr = c->nccl->ReduceScatter(src, k->recv, k->count, t, rop, c->nc, c->stream);
+    if (r == TCC_OK) nr = ncomm->nccl->ReduceScatter(src, k->recv, k->count, t, rop, handle(ncomm), ncomm->stream);
   }
-  if (created) c->nccl->RedOpDestroy(rop, c->nc); /* legal right after the last call using it */
+  if (created) ncomm->nccl->RedOpDestroy(rop, handle(ncomm)); /* legal right after the last call using it */
   if (r != TCC_OK) return r;
   NCCL_TRY(call, nr);
   return TCC_OK;
 }
 
-static tcc_result_t issue_allgather(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, tcc_err_t *err) {
+static tcc_result_t issue_allgather(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op, tcc_err_t *err) {
   const tcc_coll_t *k = &op->coll;
   const int n = comm->size;
   const size_t bytes = k->count * tcc_dtype_size(k->dtype);
   void *dst = k->recvs[0];
   if (bytes && !consecutive(k->recvs, n, bytes)) {
-    tcc_result_t r = stage_alloc(comm, c, op, (size_t)n * bytes, err);
+    tcc_result_t r = stage_alloc(comm, ncomm, op, (size_t)n * bytes, err);
     if (r != TCC_OK) return r;
-    dst = nccl_op_of(op)->tmp; /* copied out in tcc_cuda_post */
+    dst = nccl_op_of(op)->tmp; /* copied out in tcc__cuda_post */
   }
-  NCCL_TRY("ncclAllGather", c->nccl->AllGather(k->send, dst, bytes, ncclInt8, c->nc, c->stream));
+  NCCL_TRY("ncclAllGather", ncomm->nccl->AllGather(k->send, dst, bytes, ncclInt8, handle(ncomm), ncomm->stream));
   return TCC_OK;
 }
 
 /* Gather, scatter and all-to-all as one group of sends and receives; the
  * part a rank keeps for itself is a device copy. */
-static tcc_result_t issue_grouped(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, tcc_err_t *err) {
+static tcc_result_t issue_grouped(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op, tcc_err_t *err) {
   const tcc_coll_t *k = &op->coll;
   const int n = comm->size, me = comm->rank;
   const size_t es = tcc_dtype_size(k->dtype), bytes = k->count * es;
-  const tcc_nccl_lib_t *L = c->nccl;
+  const tcc__nccl_lib_t *L = ncomm->nccl;
   tcc_result_t r = TCC_OK;
   ncclResult_t nr = ncclSuccess;
   const char *call = "";
@@ -235,29 +234,29 @@ static tcc_result_t issue_grouped(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t
   if (k->kind == TCC_COLL_GATHER) {
     if (me != k->root) {
       call = "ncclSend";
-      nr = L->Send(k->send, bytes, ncclInt8, k->root, c->nc, c->stream);
+      nr = L->Send(k->send, bytes, ncclInt8, k->root, handle(ncomm), ncomm->stream);
     } else {
       for (int j = 0; j < n && r == TCC_OK && nr == ncclSuccess; j++) {
-        if (j == me) r = copy_async(comm, c, op, k->recvs[j], k->send, bytes, err);
-        else { call = "ncclRecv"; nr = L->Recv(k->recvs[j], bytes, ncclInt8, j, c->nc, c->stream); }
+        if (j == me) r = copy_async(comm, ncomm, op, k->recvs[j], k->send, bytes, err);
+        else { call = "ncclRecv"; nr = L->Recv(k->recvs[j], bytes, ncclInt8, j, handle(ncomm), ncomm->stream); }
       }
     }
   } else if (k->kind == TCC_COLL_SCATTER) {
     if (me != k->root) {
       call = "ncclRecv";
-      nr = L->Recv(k->recv, bytes, ncclInt8, k->root, c->nc, c->stream);
+      nr = L->Recv(k->recv, bytes, ncclInt8, k->root, handle(ncomm), ncomm->stream);
     } else {
       for (int j = 0; j < n && r == TCC_OK && nr == ncclSuccess; j++) {
-        if (j == me) r = copy_async(comm, c, op, k->recv, k->sends[j], bytes, err);
-        else { call = "ncclSend"; nr = L->Send(k->sends[j], bytes, ncclInt8, j, c->nc, c->stream); }
+        if (j == me) r = copy_async(comm, ncomm, op, k->recv, k->sends[j], bytes, err);
+        else { call = "ncclSend"; nr = L->Send(k->sends[j], bytes, ncclInt8, j, handle(ncomm), ncomm->stream); }
       }
     }
   } else { /* ALLTOALL: per-peer counts; a zero count on one side is zero on the other */
     for (int j = 0; j < n && r == TCC_OK && nr == ncclSuccess; j++) {
       const size_t sb = k->send_counts[j] * es, rb = k->recv_counts[j] * es;
-      if (j == me) { r = copy_async(comm, c, op, k->recvs[j], k->sends[j], sb, err); continue; }
-      if (sb) { call = "ncclSend"; nr = L->Send(k->sends[j], sb, ncclInt8, j, c->nc, c->stream); }
-      if (rb && nr == ncclSuccess) { call = "ncclRecv"; nr = L->Recv(k->recvs[j], rb, ncclInt8, j, c->nc, c->stream); }
+      if (j == me) { r = copy_async(comm, ncomm, op, k->recvs[j], k->sends[j], sb, err); continue; }
+      if (sb) { call = "ncclSend"; nr = L->Send(k->sends[j], sb, ncclInt8, j, handle(ncomm), ncomm->stream); }
+      if (rb && nr == ncclSuccess) { call = "ncclRecv"; nr = L->Recv(k->recvs[j], rb, ncclInt8, j, handle(ncomm), ncomm->stream); }
     }
   }
   /* The group is always closed, whatever failed inside it. */
@@ -268,46 +267,46 @@ static tcc_result_t issue_grouped(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t
   return TCC_OK;
 }
 
-tcc_result_t tcc_cuda_issue(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, tcc_err_t *err) {
+tcc_result_t tcc__cuda_issue(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op, tcc_err_t *err) {
   if (op->kind == TCC_OP_SEND) {
-    NCCL_TRY("ncclSend", c->nccl->Send(op->buf, op->bytes, ncclInt8, op->peer, c->nc, c->stream));
+    NCCL_TRY("ncclSend", ncomm->nccl->Send(op->buf, op->bytes, ncclInt8, nccl_op_of(op)->nccl_peer, handle(ncomm), ncomm->stream));
     return TCC_OK;
   }
   if (op->kind == TCC_OP_RECV) {
-    NCCL_TRY("ncclRecv", c->nccl->Recv(op->buf, op->bytes, ncclInt8, op->peer, c->nc, c->stream));
+    NCCL_TRY("ncclRecv", ncomm->nccl->Recv(op->buf, op->bytes, ncclInt8, nccl_op_of(op)->nccl_peer, handle(ncomm), ncomm->stream));
     return TCC_OK;
   }
   const tcc_coll_t *k = &op->coll;
   switch (k->kind) {
     case TCC_COLL_BROADCAST:
-      NCCL_TRY("ncclBroadcast", c->nccl->Broadcast(k->send, k->recv, k->count * tcc_dtype_size(k->dtype),
-                                                   ncclInt8, k->root, c->nc, c->stream));
+      NCCL_TRY("ncclBroadcast", ncomm->nccl->Broadcast(k->send, k->recv, k->count * tcc_dtype_size(k->dtype),
+                                                   ncclInt8, k->root, handle(ncomm), ncomm->stream));
       return TCC_OK;
     case TCC_COLL_ALLREDUCE:
     case TCC_COLL_REDUCE:
     case TCC_COLL_REDUCE_SCATTER:
-      return issue_reduction(comm, c, op, err);
+      return issue_reduction(comm, ncomm, op, err);
     case TCC_COLL_ALLGATHER:
-      return issue_allgather(comm, c, op, err);
+      return issue_allgather(comm, ncomm, op, err);
     case TCC_COLL_GATHER:
     case TCC_COLL_SCATTER:
     case TCC_COLL_ALLTOALL:
-      return issue_grouped(comm, c, op, err);
+      return issue_grouped(comm, ncomm, op, err);
     case TCC_COLL_BARRIER:
       break;
   }
   return unsupported(comm, op, "this collective has no CUDA form", err);
 }
 
-tcc_result_t tcc_cuda_post(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *op, tcc_err_t *err) {
+tcc_result_t tcc__cuda_post(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op, tcc_err_t *err) {
   if (!nccl_op_of(op)->tmp) return TCC_OK;
   tcc_result_t r = TCC_OK;
   if (op->kind == TCC_OP_COLL && op->coll.kind == TCC_COLL_ALLGATHER) {
     const size_t bytes = op->coll.count * tcc_dtype_size(op->coll.dtype);
     for (int j = 0; j < comm->size && r == TCC_OK; j++)
-      r = copy_async(comm, c, op, op->coll.recvs[j], (char *)nccl_op_of(op)->tmp + (size_t)j * bytes, bytes, err);
+      r = copy_async(comm, ncomm, op, op->coll.recvs[j], (char *)nccl_op_of(op)->tmp + (size_t)j * bytes, bytes, err);
   }
-  cudaError_t e = cudaFreeAsync(nccl_op_of(op)->tmp, c->stream);
+  cudaError_t e = cudaFreeAsync(nccl_op_of(op)->tmp, ncomm->stream);
   nccl_op_of(op)->tmp = NULL;
   if (r != TCC_OK) return r;
   CUDA_TRY("cudaFreeAsync", e);

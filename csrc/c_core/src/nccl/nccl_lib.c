@@ -15,14 +15,18 @@
 #include <string.h>
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
-static tcc_nccl_lib_t lib;
+static tcc__nccl_lib_t lib;
 static int loaded;
 static char load_error[TCC_ERRLEN];
 
-void tcc_nccl_version_string(int v, char *out, size_t len) {
-  /* Before 2.9 the code was major*1000 + minor*100 + patch. */
-  if (v >= 20900) snprintf(out, len, "%d.%d.%d", v / 10000, (v / 100) % 100, v % 100);
-  else snprintf(out, len, "%d.%d.%d", v / 1000, (v / 100) % 10, v % 100);
+int tcc__nccl_version_normalize(int code) {
+  /* Old codes are below 10000 (2.8.4: 2804); new ones are not (2.9.6: 20906). */
+  if (code >= 10000) return code;
+  return TCC_NCCL_V(code / 1000, (code / 100) % 10, code % 100);
+}
+
+void tcc__nccl_version_string(int v, char *out, size_t len) {
+  snprintf(out, len, "%d.%d.%d", v / 10000, (v / 100) % 100, v % 100);
 }
 
 /* Resolves one symbol into *slot; required symbols that are missing fail the load. */
@@ -51,14 +55,16 @@ static void load(void) {
   }
   ncclResult_t (*get_version)(int *) = NULL;
   if (resolve(h, "ncclGetVersion", &get_version, 1) != 0) return;
-  if (get_version(&lib.version) != ncclSuccess) {
+  int code = 0;
+  if (get_version(&code) != ncclSuccess) {
     snprintf(load_error, sizeof load_error, "ncclGetVersion failed");
     return;
   }
+  lib.version = tcc__nccl_version_normalize(code);
   if (lib.version < TCC_NCCL_MIN_VERSION) {
     char have[32], need[32];
-    tcc_nccl_version_string(lib.version, have, sizeof have);
-    tcc_nccl_version_string(TCC_NCCL_MIN_VERSION, need, sizeof need);
+    tcc__nccl_version_string(lib.version, have, sizeof have);
+    tcc__nccl_version_string(TCC_NCCL_MIN_VERSION, need, sizeof need);
     snprintf(load_error, sizeof load_error, "NCCL %s is too old: tccomm needs NCCL >= %s", have, need);
     return;
   }
@@ -84,6 +90,7 @@ static void load(void) {
     resolve(h, "ncclRedOpCreatePreMulSum", &lib.RedOpCreatePreMulSum, 0);
     resolve(h, "ncclRedOpDestroy", &lib.RedOpDestroy, 0);
   }
+  if (lib.version >= TCC_NCCL_CONFIG_VERSION) resolve(h, "ncclCommInitRankConfig", &lib.CommInitRankConfig, 0);
   /* Newer collectives: absent symbols leave NULL (grouped send/recv instead). */
   resolve(h, "ncclAlltoAll", &lib.AlltoAll, 0);
   resolve(h, "ncclGather", &lib.Gather, 0);
@@ -92,7 +99,7 @@ static void load(void) {
   loaded = 1;
 }
 
-const tcc_nccl_lib_t *tcc_nccl_lib(tcc_err_t *err) {
+const tcc__nccl_lib_t *tcc__nccl_lib(tcc_err_t *err) {
   pthread_once(&load_once, load);
   if (loaded) return &lib;
   tcc__err_set(err, TCC_ERR_UNSUPPORTED, "tccomm: %s", load_error);

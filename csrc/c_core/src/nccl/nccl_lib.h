@@ -15,12 +15,14 @@
 
 #include "core/internal.h"
 
-typedef struct tcc_nccl_lib {
-  int version; /* ncclGetVersion, e.g. 23007 for 2.30.7 */
+typedef struct tcc__nccl_lib {
+  int version; /* ncclGetVersion in the 2.9+ scheme, e.g. 23007 for 2.30.7 (older codes converted) */
   const char *(*GetErrorString)(ncclResult_t);
   const char *(*GetLastError)(ncclComm_t);
   ncclResult_t (*GetUniqueId)(ncclUniqueId *);
   ncclResult_t (*CommInitRank)(ncclComm_t *, int, ncclUniqueId, int);
+  /* NULL before 2.14: no nonblocking communicators (ncomm.c) */
+  ncclResult_t (*CommInitRankConfig)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *); /* 2.14 */
   ncclResult_t (*CommDestroy)(ncclComm_t);
   ncclResult_t (*CommAbort)(ncclComm_t);
   ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
@@ -44,7 +46,7 @@ typedef struct tcc_nccl_lib {
   ncclResult_t (*AlltoAll)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*Gather)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*Scatter)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-} tcc_nccl_lib_t;
+} tcc__nccl_lib_t;
 
 /* Versions (NCCL_VERSION_CODE scheme of 2.9+) that gate features. */
 #define TCC_NCCL_V(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
@@ -52,12 +54,17 @@ typedef struct tcc_nccl_lib {
 #define TCC_NCCL_BF16_VERSION TCC_NCCL_V(2, 10, 0)
 #define TCC_NCCL_AVG_VERSION TCC_NCCL_V(2, 10, 0)
 #define TCC_NCCL_PREMUL_VERSION TCC_NCCL_V(2, 11, 0)
+#define TCC_NCCL_CONFIG_VERSION TCC_NCCL_V(2, 14, 0) /* ncclCommInitRankConfig, nonblocking */
+
+/* A code of ncclGetVersion in the 2.9+ scheme: before 2.9 NCCL reported
+ * major*1000 + minor*100 + patch (2.8.4 was 2804). */
+int tcc__nccl_version_normalize(int code);
 
 /* Loads NCCL once per process (the copy already in the process first) and
  * returns its table, or NULL with err set (the message says what is missing). */
-const tcc_nccl_lib_t *tcc_nccl_lib(tcc_err_t *err);
+const tcc__nccl_lib_t *tcc__nccl_lib(tcc_err_t *err);
 
-/* "2.30.7" for 23007. */
-void tcc_nccl_version_string(int version, char *out, size_t len);
+/* "2.30.7" for 23007 (a normalized code). */
+void tcc__nccl_version_string(int version, char *out, size_t len);
 
 #endif /* TCC_NCCL_LIB_H */

@@ -37,7 +37,7 @@ static struct event_pool {
   int n;
 } pools[POOL_DEVICES] = {[0 ... POOL_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, {0}, 0}};
 
-cudaEvent_t tcc_cuda_event_get(int device, cudaError_t *e) {
+cudaEvent_t tcc__cuda_event_get(int device, cudaError_t *e) {
   cudaEvent_t ev = NULL;
   *e = cudaSuccess;
   if (device >= 0 && device < POOL_DEVICES) {
@@ -57,7 +57,7 @@ cudaEvent_t tcc_cuda_event_get(int device, cudaError_t *e) {
   return *e == cudaSuccess ? ev : NULL;
 }
 
-void tcc_cuda_event_put(int device, cudaEvent_t ev) {
+void tcc__cuda_event_put(int device, cudaEvent_t ev) {
   if (!ev) return;
   if (device >= 0 && device < POOL_DEVICES) {
     struct event_pool *p = &pools[device];
@@ -72,25 +72,44 @@ void tcc_cuda_event_put(int device, cudaEvent_t ev) {
 
 /* ---- finishing ------------------------------------------------------------------- */
 
-void tcc_cuda_finish(tcc_op_t *op, tcc_result_t r, const char *msg) {
+void tcc__cuda_finish(tcc_op_t *op, tcc_result_t r, const char *msg) {
   if (atomic_exchange(&nccl_op_of(op)->reaped, 1)) return;
   tcc__op_finish(op, r, msg);
 }
 
-void tcc_cuda_abort_nccl(tcc_comm_t *comm, struct tcc_cuda *c) {
-  /* Under the communicator's lock: no thread is inside an NCCL call on this communicator,
-   * and every later submit sees comm->aborted and stays away from it. */
-  pthread_mutex_lock(&nccl_comm_of(comm)->lock);
-  if (!c->nccl_aborted && c->nc) {
-    c->nccl_aborted = 1;
-    c->nccl->CommAbort(c->nc);
-  }
-  pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
+void tcc__cuda_abort_nccl(tcc_comm_t *comm, struct tcc__cuda *c) {
+  /* No lock: a thread issuing an op may be stuck inside NCCL holding the
+   * issue lock, and this abort is what releases it (ncomm.c). */
+  if (atomic_exchange(&c->nccl_aborted, 1)) return;
+  /* Every slot, set up or not: one being set up sees the flag and fails. */
+  tcc__ncomm_abort(&c->coll);
+  for (int p = 0; p < comm->size; p++) tcc__ncomm_abort(&c->pairs[p]);
 }
 
-/* The communicator failed: abort NCCL and fail every op in `list`. */
-static void fail_all(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list) {
-  tcc_cuda_abort_nccl(comm, c);
+/* The error policy (nccl_state.h), applied before a failed op is
+ * finished, so the caller never sees the error and goes on: CUDA ops that
+ * fail in flight leave buffers NCCL half wrote, and kernels the caller
+ * queued after them will use those. Unless the user aborted, nothing but
+ * ending the process keeps that from being taken for a result. */
+static void apply_error_policy(tcc_comm_t *comm, struct tcc__cuda *c, int failed_ops) {
+  char cause[TCC_ERRLEN];
+  const tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
+  if (!failed_ops || !c->tear_down || code == TCC_ERR_ABORTED) return;
+  fprintf(stderr,
+          "%s\n"
+          "tccomm '%s' (rank %d): tearing the process down: %d CUDA op(s) failed in flight, and work queued "
+          "after them on the device would run on incomplete data (TCCOMM_ASYNC_ERROR_HANDLING=2 raises the "
+          "error and marks the group unusable instead)\n",
+          cause, comm->name, comm->rank, failed_ops);
+  fflush(stderr);
+  abort();
+}
+
+/* The communicator failed: abort NCCL and fail every op in `list`;
+ * returns how many. */
+static int fail_all(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list) {
+  int failed = 0;
+  tcc__cuda_abort_nccl(comm, c);
   char msg[TCC_ERRLEN], cause[TCC_ERRLEN];
   tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
   while (list) {
@@ -99,14 +118,16 @@ static void fail_all(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list) {
     op->next = NULL;
     snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) did not complete: %.400s", tcc__op_name(op),
              comm->name, comm->rank, cause);
-    tcc_cuda_finish(op, code, msg);
+    tcc__cuda_finish(op, code, msg);
     tcc_op_release(op);
+    failed++;
   }
+  return failed;
 }
 
 /* Checks the ops of `list` once; returns the ones still running, in order.
- * Sets *failed when the communicator failed while checking. */
-static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list, int *failed) {
+ * Adds the ops it failed to *failed (the communicator then failed). */
+static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list, int *failed) {
   tcc_op_t *keep = NULL, **tail = &keep;
   const int64_t now = tcc__now_ns();
   while (list) {
@@ -115,7 +136,7 @@ static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list, 
     op->next = NULL;
     cudaError_t q = atomic_load(&nccl_op_of(op)->reaped) ? cudaSuccess : cudaEventQuery(atomic_load(&nccl_op_of(op)->event));
     if (q == cudaSuccess) {
-      tcc_cuda_finish(op, TCC_OK, NULL);
+      tcc__cuda_finish(op, TCC_OK, NULL);
       tcc_op_release(op);
       continue;
     }
@@ -134,17 +155,18 @@ static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc_cuda *c, tcc_op_t *list, 
       continue;
     }
     tcc__comm_fail(comm, q == cudaErrorNotReady ? TCC_ERR_TIMEOUT : TCC_ERR_SYSTEM, msg);
-    tcc_cuda_abort_nccl(comm, c);
-    tcc_cuda_finish(op, q == cudaErrorNotReady ? TCC_ERR_TIMEOUT : TCC_ERR_SYSTEM, msg);
+    apply_error_policy(comm, c, 1);
+    tcc__cuda_abort_nccl(comm, c);
+    tcc__cuda_finish(op, q == cudaErrorNotReady ? TCC_ERR_TIMEOUT : TCC_ERR_SYSTEM, msg);
     tcc_op_release(op);
-    *failed = 1;
+    (*failed)++;
   }
   *tail = list; /* nothing left here, but keeps the list whole if the loop changes */
   return keep;
 }
 
 /* Puts `list` (older ops) back in front of whatever was submitted meanwhile. */
-static void requeue(struct tcc_cuda *c, tcc_op_t *list) {
+static void requeue(struct tcc__cuda *c, tcc_op_t *list) {
   if (!list) return;
   tcc_op_t *last = list;
   while (last->next) last = last->next;
@@ -153,19 +175,36 @@ static void requeue(struct tcc_cuda *c, tcc_op_t *list) {
   c->head = list;
 }
 
-static void check_async_error(tcc_comm_t *comm, struct tcc_cuda *c) {
-  if (atomic_load(&comm->aborted) || c->nccl_aborted) return;
+struct async_check {
+  tcc_comm_t *comm;
+  int reported;
+};
+
+static void check_one(tcc__ncomm_t *n, void *arg) {
+  struct async_check *a = arg;
+  if (a->reported || !tcc__ncomm_enter(n)) return;
+  ncclComm_t nc = atomic_load(&n->nc);
   ncclResult_t ae = ncclSuccess;
-  if (c->nccl->CommGetAsyncError(c->nc, &ae) != ncclSuccess || ae == ncclSuccess || ae == ncclInProgress)
-    return;
+  char last[256] = "";
+  const int failed = n->nccl->CommGetAsyncError(nc, &ae) == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress;
+  /* Copied while the handle is held: the string is NCCL's and goes with it. */
+  if (failed && n->nccl->GetLastError) snprintf(last, sizeof last, "%s", n->nccl->GetLastError(nc));
+  tcc__ncomm_leave(n);
+  if (!failed) return;
   char msg[TCC_ERRLEN];
-  const char *last = c->nccl->GetLastError ? c->nccl->GetLastError(c->nc) : NULL;
-  snprintf(msg, sizeof msg, "tccomm '%s' (rank %d): NCCL reported an error: %s%s%.200s", comm->name, comm->rank,
-           c->nccl->GetErrorString(ae), last && *last ? ": " : "", last ? last : "");
-  tcc__comm_fail(comm, TCC_ERR_REMOTE, msg);
+  snprintf(msg, sizeof msg, "tccomm '%s' (rank %d): NCCL reported an error on %s: %s%s%.200s", a->comm->name,
+           a->comm->rank, n->label, n->nccl->GetErrorString(ae), *last ? ": " : "", last);
+  tcc__comm_fail(a->comm, TCC_ERR_REMOTE, msg);
+  a->reported = 1;
 }
 
-static void timed_wait(struct tcc_cuda *c, int64_t ns) {
+static void check_async_error(tcc_comm_t *comm, struct tcc__cuda *c) {
+  if (atomic_load(&comm->aborted) || atomic_load(&c->nccl_aborted)) return;
+  struct async_check a = {comm, 0};
+  tcc__cuda_each_ncomm(comm, c, check_one, &a);
+}
+
+static void timed_wait(struct tcc__cuda *c, int64_t ns) {
   int64_t until = tcc__now_ns() + ns;
   struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
   pthread_cond_timedwait(&c->cv, &c->lock, &ts);
@@ -173,7 +212,7 @@ static void timed_wait(struct tcc_cuda *c, int64_t ns) {
 
 static void *watch_main(void *arg) {
   tcc_comm_t *comm = arg;
-  struct tcc_cuda *c = nccl_state_of(comm);
+  struct tcc__cuda *c = nccl_state_of(comm);
   cudaSetDevice(c->device);
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
@@ -181,9 +220,9 @@ static void *watch_main(void *arg) {
   for (;;) {
     if (!c->head) {
       if (c->stopping) break;
-      if (atomic_load(&comm->aborted) && !c->nccl_aborted) {
+      if (atomic_load(&comm->aborted) && !atomic_load(&c->nccl_aborted)) {
         pthread_mutex_unlock(&c->lock);
-        tcc_cuda_abort_nccl(comm, c); /* abort() with nothing in flight */
+        tcc__cuda_abort_nccl(comm, c); /* abort() with nothing in flight */
         pthread_mutex_lock(&c->lock);
         continue;
       }
@@ -203,12 +242,12 @@ static void *watch_main(void *arg) {
     check_async_error(comm, c);
     int failed = 0;
     if (atomic_load(&comm->aborted)) {
-      fail_all(comm, c, list);
+      failed = fail_all(comm, c, list);
       list = NULL;
     } else {
       list = poll_ops(comm, c, list, &failed);
       if (failed) {
-        fail_all(comm, c, list);
+        failed += fail_all(comm, c, list);
         list = NULL;
       }
     }
@@ -221,7 +260,7 @@ static void *watch_main(void *arg) {
   return NULL;
 }
 
-tcc_result_t tcc_cuda_watch_start(tcc_comm_t *comm, struct tcc_cuda *c, tcc_err_t *err) {
+tcc_result_t tcc__cuda_watch_start(tcc_comm_t *comm, struct tcc__cuda *c, tcc_err_t *err) {
   pthread_mutex_init(&c->lock, NULL);
   tcc__cond_init_monotonic(&c->cv); /* timed waits on the tcc__now_ns clock */
   c->last_submit_ns = tcc__now_ns();
@@ -233,7 +272,7 @@ tcc_result_t tcc_cuda_watch_start(tcc_comm_t *comm, struct tcc_cuda *c, tcc_err_
   return TCC_OK;
 }
 
-void tcc_cuda_watch(struct tcc_cuda *c, tcc_op_t *op) {
+void tcc__cuda_watch(struct tcc__cuda *c, tcc_op_t *op) {
   tcc_op_retain(op);
   op->next = NULL;
   pthread_mutex_lock(&c->lock);
@@ -244,14 +283,14 @@ void tcc_cuda_watch(struct tcc_cuda *c, tcc_op_t *op) {
   pthread_mutex_unlock(&c->lock);
 }
 
-void tcc_cuda_watch_wake(struct tcc_cuda *c) {
+void tcc__cuda_watch_wake(struct tcc__cuda *c) {
   if (!c->thread_started) return;
   pthread_mutex_lock(&c->lock);
   pthread_cond_signal(&c->cv);
   pthread_mutex_unlock(&c->lock);
 }
 
-void tcc_cuda_watch_stop(struct tcc_cuda *c) {
+void tcc__cuda_watch_stop(struct tcc__cuda *c) {
   if (!c->thread_started) return;
   pthread_mutex_lock(&c->lock);
   c->stopping = 1;
