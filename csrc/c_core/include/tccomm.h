@@ -318,9 +318,11 @@ tcc_result_t tcc_comm_cuda_init(tcc_comm_t *comm, int device);
 int tcc_comm_cuda_device(const tcc_comm_t *comm);
 void *tcc_comm_cuda_stream(const tcc_comm_t *comm);
 /* Brackets ops whose CUDA parts are issued as one NCCL group (one launch).
- * Nestable; start and end must be called on the same thread. CUDA ops
- * issued inside are enqueued at the outermost tcc_comm_group_end; host ops
- * are unaffected. */
+ * Nestable; start and end must be called on the same thread (and destroy,
+ * if it comes first). NCCL's groups are per thread: while any
+ * communicator's group is open on a thread, every CUDA op that thread
+ * issues, on any communicator, is launched at the thread's outermost group
+ * end and completes only after it. Host ops are unaffected. */
 tcc_result_t tcc_comm_group_start(tcc_comm_t *comm);
 tcc_result_t tcc_comm_group_end(tcc_comm_t *comm);
 /* 1 for an op on CUDA buffers. */

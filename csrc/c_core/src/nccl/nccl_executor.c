@@ -18,11 +18,23 @@
 
 #include "nccl/nccl_state.h"
 
+/* NCCL's groups are per thread: once any communicator's group is open on
+ * a thread, every NCCL call that thread makes, on any communicator, is
+ * launched only at the thread's outermost ncclGroupEnd. So the ops whose
+ * completion events wait for that launch are kept per thread too, not per
+ * communicator: an op issued on one group while another group coalesces
+ * on the same thread would otherwise record its event before its kernel
+ * exists, and look complete at once. */
+static _Thread_local struct thread_group {
+  int depth;              /* communicators with an NCCL group open on this thread */
+  tcc_op_t *head, *tail;  /* ops issued since the first one opened, in issue order */
+} thread_group;
+
 /* Records the op's completion event and hands it on (see the file comment).
  * A captured op is finished by the caller once the lock is released: its
  * completion callback may issue the next op. */
-static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *op, int captured,
-                                     tcc_err_t *err) {
+static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *op, tcc_err_t *err) {
+  const int captured = nccl_op_of(op)->captured;
   tcc__ncomm_t *n = nccl_op_of(op)->ncomm;
   tcc_result_t r = tcc__cuda_post(comm, n, op, err);
   if (r != TCC_OK) return r;
@@ -35,7 +47,6 @@ static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc__cuda *c, tcc_
                        tcc__op_name(op), comm->name, comm->rank, cudaGetErrorString(e));
   }
   op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
-  nccl_op_of(op)->captured = captured;
   atomic_store(&nccl_op_of(op)->event, ev); /* after the fields its readers check */
   if (!captured) tcc__cuda_watch(c, op);
   return TCC_OK;
@@ -102,7 +113,7 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
                     what, comm->name, comm->rank, cudaGetErrorString(e));
     goto out;
   }
-  const int captured = cs == cudaStreamCaptureStatusActive;
+  st->captured = cs == cudaStreamCaptureStatusActive;
   if (tcc__comm_in_group(comm) && !c->nccl_group_open) {
     ncclResult_t nr = c->nccl->GroupStart();
     if (nr != ncclSuccess) {
@@ -111,6 +122,7 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
       goto out;
     }
     c->nccl_group_open = 1;
+    thread_group.depth++;
   }
   if (!tcc__ncomm_enter(n)) {
     r = unusable(comm, what, err);
@@ -119,16 +131,16 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   r = tcc__cuda_issue(comm, n, op, err);
   tcc__ncomm_leave(n);
   if (r != TCC_OK) goto out;
-  if (c->nccl_group_open) {
-    /* Its kernel launches at the group's end: the event is recorded then. */
+  if (thread_group.depth > 0) {
+    /* Its kernel launches at this thread's outermost group end (whichever
+     * communicator's): the event is recorded then. */
     tcc_op_retain(op);
-    tcc__queue_push(&c->group_head, &c->group_tail, op);
-    c->group_captured |= captured;
+    tcc__queue_push(&thread_group.head, &thread_group.tail, op);
   } else {
     /* A nonblocking NCCL may still be enqueueing: the completion event
      * must not be recorded before its kernels are. */
     if (n->nonblocking) r = fail_comm_unless_invalid(comm, tcc__ncomm_settle(n, what, "enqueueing", deadline, err), err);
-    if (r == TCC_OK) r = complete_enqueue(comm, c, op, captured, err);
+    if (r == TCC_OK) r = complete_enqueue(comm, c, op, err);
   }
 out:
   /* On success, staging memory is freed by tcc__cuda_post: already, or at
@@ -139,13 +151,15 @@ out:
   }
   if (c) tcc__cuda_leave_device(device, prev);
   pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
-  if (r == TCC_OK && st->captured) tcc__cuda_finish(op, TCC_OK, NULL);
+  if (r == TCC_OK && st->captured && atomic_load(&st->event)) tcc__cuda_finish(op, TCC_OK, NULL);
   return r;
 }
 
 /* ---- groups -------------------------------------------------------------- */
 
-/* The outermost group ended: launch the NCCL group and hand its ops on. */
+/* The communicator's outermost group ended: close its NCCL group; when
+ * that was the thread's last open one, NCCL launched everything issued on
+ * this thread since, and those ops are handed on. */
 static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
   pthread_mutex_lock(&nccl_comm_of(comm)->lock);
   struct tcc__cuda *c = nccl_state_of(comm);
@@ -156,34 +170,42 @@ static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
   int prev = c->device;
   tcc__cuda_enter_device(c->device, &prev);
   c->nccl_group_open = 0;
-  ncclResult_t nr = c->nccl->GroupEnd();
-  tcc_err_t settle_err = {TCC_OK, {0}};
-  tcc_result_t settled = TCC_OK;
-  if ((nr == ncclSuccess || nr == ncclInProgress) && c->coll.nonblocking && c->group_head)
-    settled = fail_comm_unless_invalid(
-        comm, tcc__ncomm_settle(&c->coll, "group", "ncclGroupEnd", tcc__deadline_after_ms(c->group_head->timeout_ms),
-                               &settle_err),
-        &settle_err);
-  tcc_op_t *list = c->group_head;
-  const int captured = c->group_captured;
-  c->group_head = c->group_tail = NULL;
-  c->group_captured = 0;
+  const ncclResult_t nr = c->nccl->GroupEnd();
+  if (--thread_group.depth > 0) {
+    /* Another communicator's group is still open on this thread: nothing
+     * was launched yet. A failed end is reported by the outermost one. */
+    tcc__cuda_leave_device(c->device, prev);
+    pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
+    return TCC_OK;
+  }
+  tcc_op_t *list = thread_group.head;
+  thread_group.head = thread_group.tail = NULL;
   tcc_result_t first = TCC_OK;
   tcc_op_t *done = NULL; /* finished once the lock is released (callbacks may issue ops) */
   while (list) {
     tcc_op_t *op = list;
     list = op->next;
     op->next = NULL;
+    tcc_comm_t *oc = op->comm;
+    tcc__ncomm_t *n = nccl_op_of(op)->ncomm;
     tcc_err_t err = {TCC_OK, {0}};
     tcc_result_t r;
     if (nr != ncclSuccess && nr != ncclInProgress)
       r = tcc__err_set(&err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ncclGroupEnd failed: %s",
-                      tcc__op_name(op), comm->name, comm->rank, c->nccl->GetErrorString(nr));
-    else if (settled != TCC_OK)
-      r = tcc__err_set(&err, settled, "%s", settle_err.msg);
+                      tcc__op_name(op), oc->name, oc->rank, c->nccl->GetErrorString(nr));
+    else if (n->nonblocking)
+      /* Cheap once settled: one query per op, the first one waits. */
+      r = fail_comm_unless_invalid(
+          oc, tcc__ncomm_settle(n, tcc__op_name(op), "ncclGroupEnd", tcc__deadline_after_ms(op->timeout_ms), &err), &err);
     else
-      r = complete_enqueue(comm, c, op, captured, &err);
+      r = TCC_OK;
+    if (r == TCC_OK) r = complete_enqueue(oc, nccl_state_of(oc), op, &err);
     if (r != TCC_OK) {
+      /* Staging memory of a group that never launched: freed in order on its stream. */
+      if (nccl_op_of(op)->tmp) {
+        cudaFreeAsync(nccl_op_of(op)->tmp, n->stream);
+        nccl_op_of(op)->tmp = NULL;
+      }
       /* Kept for the message: the op is failed below, after the unlock. */
       op->result = r;
       snprintf(op->error, sizeof op->error, "%s", err.msg);
@@ -273,20 +295,33 @@ static void nccl_wake(tcc_comm_t *comm) {
   if (c) tcc__cuda_watch_wake(c);
 }
 
-/* Ops left in a group nobody ended were never launched; the ops in
- * flight end or fail by their deadlines; then NCCL goes. */
+/* Ops of this communicator left in a group nobody ended were never
+ * launched (destroy is called on the thread that opened the group); the
+ * ops in flight end or fail by their deadlines; then NCCL goes. */
 static void nccl_stop(tcc_comm_t *comm) {
   struct tcc__cuda *c = comm->device_state ? nccl_state_of(comm) : NULL;
   if (!c) return;
-  tcc_op_t *list = c->group_head;
-  c->group_head = c->group_tail = NULL;
-  if (c->nccl_group_open) c->nccl->GroupEnd();
+  if (c->nccl_group_open) {
+    c->nccl->GroupEnd();
+    c->nccl_group_open = 0;
+    thread_group.depth--;
+  }
+  tcc_op_t *keep = NULL, **tail = &keep, *list = thread_group.head;
+  thread_group.head = thread_group.tail = NULL;
   while (list) {
     tcc_op_t *op = list;
     list = op->next;
+    op->next = NULL;
+    if (op->comm != comm) {
+      *tail = op; /* another communicator's: still waits for its group's end */
+      thread_group.tail = op;
+      tail = &op->next;
+      continue;
+    }
     tcc__cuda_finish(op, TCC_ERR_ABORTED, "tccomm: the communicator was destroyed inside an open group");
     tcc_op_release(op);
   }
+  thread_group.head = keep;
   tcc__cuda_watch_stop(c);
   tcc__cuda_state_free(comm, c);
 }

@@ -58,10 +58,9 @@ struct tcc__cuda {
   tcc__ncomm_t *pairs;
   atomic_int *pair_ready;
   cudaEvent_t order_event; /* orders an NCCL stream after a caller's stream; under the lock */
-  /* An open group (tcc_comm_group_start): ops issued, events not recorded yet. */
+  /* tcc_comm_group_start opened an NCCL group on the issuing thread (its
+   * ops wait in that thread's list: executor.c). */
   int nccl_group_open;
-  int group_captured;
-  tcc_op_t *group_head, *group_tail;
   /* The watchdog (watch.c). */
   pthread_mutex_t lock;
   pthread_cond_t cv;
