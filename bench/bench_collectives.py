@@ -10,9 +10,11 @@ default worlds: 1 and the number of GPUs). Rank r uses GPU r % #GPUs; when
 ranks outnumber GPUs each rank claims its own host (NCCL_HOSTID) and NCCL
 talks over sockets on lo, so any world size runs on one GPU. Times are taken
 after a device synchronize. At world size 1 it also measures the host time
-per eager dist.all_reduce call on a small CUDA tensor (--host-count floats,
-no synchronize inside the loop), tccomm against nccl: the target is at most
-0.7x of ProcessGroupNCCL's host time.
+per eager dist.all_reduce(..., async_op=True) call on a small CUDA tensor
+(--host-count floats; only the calls are timed, in chunks of --host-chunk,
+with the device synchronized between chunks outside the clock), tccomm
+against nccl: the target is at most 0.7x of ProcessGroupNCCL's host time.
+--host-only measures just that (world size 1, no sweep).
 
 For every world size the script spawns that many processes on this machine.
 Each process creates a tccomm group (the default group), a gloo group over
@@ -231,7 +233,7 @@ def worker(args) -> None:
         sizes.append(s)
         s *= 2
     point = 0
-    for op in args.ops.split(","):
+    for op in [] if args.host_only else args.ops.split(","):
         for size in sizes:
             fn, reset, output, actual, per = make(op, size)
             if actual != size:  # under one element per rank: no such point
@@ -293,31 +295,46 @@ HOST_OP = "allreduce_host_time"
 
 
 def host_time_per_call(dist, torch, device, backend, group, args) -> float:
-    """Seconds of host time per eager dist.all_reduce call on a small tensor.
+    """Seconds of host time per eager dist.all_reduce(..., async_op=True) call
+    on a small tensor.
 
-    No synchronize inside the loop: what is measured is what the calling
-    thread spends issuing the op (validation, enqueueing, bookkeeping), which
-    is what limits small-message training steps. The best of 5 rounds.
-    Runs at world size 1 only, where the sum is the input itself: checked
-    once before timing."""
+    What is timed is the Python call alone: the calling thread validating,
+    enqueueing and bookkeeping the op, which is what limits small-message
+    training steps. CUDA is never synchronized inside the timed region: the
+    calls run in chunks of --host-chunk (their Work objects kept alive, so no
+    destructor is timed either), and between two chunks, outside the clock,
+    the last Work is waited for and the device synchronized, so the GPU's
+    queue never fills up and makes the host wait for the device. The best of
+    5 rounds of --host-iters calls. Runs at world size 1 only, where the sum
+    is the input itself: checked once before timing."""
     want = rank_input(torch, 0, args.host_count)
     t = want.to(device)
-    dist.all_reduce(t, group=group)
+    dist.all_reduce(t, group=group, async_op=True).wait()
     torch.cuda.synchronize()
     problem = mismatch(torch, t, want)
     if problem:
         raise SystemExit(f"WRONG RESULT: backend {backend}, host-time all_reduce of {args.host_count} floats, "
                          f"1 rank, rank 0: {problem}; benchmark aborted")
     for _ in range(50):
-        dist.all_reduce(t, group=group)
+        dist.all_reduce(t, group=group, async_op=True)
     torch.cuda.synchronize()
+    chunk = max(1, args.host_chunk)
+    works = []
     best = float("inf")
     for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(args.host_iters):
-            dist.all_reduce(t, group=group)
-        best = min(best, (time.perf_counter() - t0) / args.host_iters)
-        torch.cuda.synchronize()
+        spent, done = 0.0, 0
+        while done < args.host_iters:
+            n = min(chunk, args.host_iters - done)
+            keep = works.append
+            t0 = time.perf_counter()
+            for _ in range(n):
+                keep(dist.all_reduce(t, group=group, async_op=True))
+            spent += time.perf_counter() - t0
+            done += n
+            works[-1].wait()
+            torch.cuda.synchronize()
+            works.clear()
+        best = min(best, spent / args.host_iters)
     return best
 
 
@@ -361,12 +378,12 @@ def run_world(args, world: int, results: str) -> None:
                        NCCL_NET="Socket", NCCL_IB_DISABLE="1", NCCL_MNNVL_ENABLE="0")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--results", results,
                "--device", args.device, "--host-count", str(args.host_count),
-               "--host-iters", str(args.host_iters),
+               "--host-iters", str(args.host_iters), "--host-chunk", str(args.host_chunk),
                "--backends", args.backends, "--ops", args.ops,
                "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                "--warmup", str(args.warmup), "--time-per-point", str(args.time_per_point),
                "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
-               "--samples", str(args.samples)]
+               "--samples", str(args.samples)] + (["--host-only"] if args.host_only else [])
         procs.append(subprocess.Popen(cmd, env=env))
     deadline = time.monotonic() + args.timeout
     for p in procs:
@@ -408,6 +425,8 @@ def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
             print(f"tccomm / nccl host time: {ratio:.2f}x (target <= 0.70x: "
                   f"{'met' if ratio <= 0.7 else 'NOT met'})")
 
+    if not rows:  # --host-only: no sweep, nothing more to tabulate or plot
+        return
     idx = {(r["world"], r["backend"], r["op"], r["bytes"]): r for r in rows}
     worlds = sorted({r["world"] for r in rows})
     ops = [op for op in args.ops.split(",")]
@@ -492,7 +511,14 @@ def main() -> None:
                         "(default: tccomm,gloo on CPU, tccomm,nccl on CUDA)")
     p.add_argument("--host-count", type=int, default=256,
                    help="CUDA, world 1: floats per all_reduce in the host-time measurement")
-    p.add_argument("--host-iters", type=int, default=2000)
+    p.add_argument("--host-iters", type=int, default=2000,
+                   help="CUDA, world 1: calls per round of the host-time measurement")
+    p.add_argument("--host-chunk", type=int, default=50,
+                   help="CUDA, world 1: calls timed between two device synchronizes "
+                        "(outside the clock) in the host-time measurement")
+    p.add_argument("--host-only", action="store_true",
+                   help="CUDA: only the host time per eager all_reduce call, at world size 1 "
+                        "(no sweep)")
     p.add_argument("--gpus", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--min-bytes", type=parse_bytes, default=8)
@@ -520,6 +546,12 @@ def main() -> None:
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda: no CUDA GPU is visible")
         args.gpus = torch.cuda.device_count()
+    if args.host_only:
+        if args.device != "cuda":
+            p.error("--host-only measures CUDA ops: it needs --device cuda")
+        if args.worlds not in (None, "1"):
+            p.error("--host-only runs at world size 1 only")
+        args.worlds = "1"
     if args.worlds is None:
         args.worlds = "2,4" if args.device == "cpu" else ",".join(
             str(w) for w in sorted({1, max(2, args.gpus)}))
@@ -544,8 +576,9 @@ def main() -> None:
           f"transport: TCCOMM_TRANSPORT={os.environ.get('TCCOMM_TRANSPORT', '(unset: auto)')}")
     t0 = time.monotonic()
     for world in [int(w) for w in args.worlds.split(",")]:
-        print(f"\n== {world} ranks, {args.backends}, {human(args.min_bytes)} .. "
-              f"{human(args.max_bytes)}", flush=True)
+        what = ("host time per eager all_reduce call only" if args.host_only
+                else f"{human(args.min_bytes)} .. {human(args.max_bytes)}")
+        print(f"\n== {world} ranks, {args.backends}, {what}", flush=True)
         run_world(args, world, raw)
     rows = [json.loads(line) for line in open(raw)]
     os.remove(raw)

@@ -194,6 +194,7 @@ TccBackend::TccBackend(
       advertiseAddr_(std::move(advertiseAddr)),
       transport_(transport) {
   options_->group_name = name;
+  cuda::installCoreAllocator(); // once per process; nothing without CUDA
   init();
 }
 
@@ -393,7 +394,10 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
       tcc_comm_group_start(comm_);
     }
     for (auto& step : steps) {
-      tcc_op_opts_t opts{timeoutMs(timeout), step.premulFactor};
+      tcc_op_opts_t opts{};
+      opts.timeout_ms = timeoutMs(timeout);
+      opts.premul_factor = step.premulFactor;
+      opts.premul_device_factor = step.premulDevice;
       auto pending = c10::make_intrusive<PendingOp>(op, std::move(step.buffers));
       tcc_op_t* handle = nullptr;
       const tcc_result_t r = step.call(comm_, &opts, &handle);
@@ -478,7 +482,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allreduce(
   TCC_CHECK(!opts.sparseIndices.has_value(), op, "sparse allreduce is not supported");
   const Reduction red = toReduction(op, opts.reduceOp, tensor.scalar_type());
   Step step(op);
-  step.premulFactor = red.premulFactor;
+  step.setReduction(red, tensor);
   const tcc_buf_t buf = step.buffers.inout(tensor);
   step.call = [buf, red](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_allreduce(c, buf, buf, red.op, o, h);
@@ -498,7 +502,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allreduce_coalesced(
     checkTensor(op, tensor, "input");
     const Reduction red = toReduction(op, opts.reduceOp, tensor.scalar_type());
     Step step(op);
-    step.premulFactor = red.premulFactor;
+    step.setReduction(red, tensor);
     const tcc_buf_t buf = step.buffers.inout(tensor);
     step.call = [buf, red](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
       return tcc_allreduce(c, buf, buf, red.op, o, h);
@@ -518,7 +522,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::reduce(
   TCC_CHECK(opts.rootTensor == 0, op, "rootTensor must be 0, got ", opts.rootTensor);
   const Reduction red = toReduction(op, opts.reduceOp, tensor.scalar_type());
   Step step(op);
-  step.premulFactor = red.premulFactor;
+  step.setReduction(red, tensor);
   const tcc_buf_t buf = step.buffers.inout(tensor);
   step.call = [buf, red, root](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_reduce(c, buf, buf, red.op, root, o, h);
@@ -551,6 +555,23 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allgather(
     return tcc_allgather(c, send, recvs.data(), o, h);
   };
   return runOne(op, OpType::ALLGATHER, opts.timeout, std::move(step), outputs, inputTensors);
+}
+
+void TccBackend::Step::setReduction(const Reduction& red, const at::Tensor& like) {
+  premulFactor = red.premulFactor;
+  if (!red.premulTensor.defined()) {
+    return;
+  }
+  if (like.is_cuda()) {
+    // Read by the device when the reduction runs, as ProcessGroupNCCL does:
+    // no host sync (and legal under graph capture). Converted on the
+    // caller's stream, which the core's NCCL stream waits for.
+    at::Tensor factor = red.premulTensor.to(like.device(), like.scalar_type(), /*non_blocking=*/true).contiguous();
+    premulDevice = factor.data_ptr();
+    buffers.keep(std::move(factor));
+  } else {
+    premulFactor = red.premulTensor.item<double>();
+  }
 }
 
 TccBackend::Step TccBackend::allgatherIntoTensor(const char* op, at::Tensor& output, at::Tensor& input) const {
@@ -780,7 +801,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::reduce_scatter(
   checkTensorList(op, inputs, output, output.numel(), size_, "input");
   const Reduction red = toReduction(op, opts.reduceOp, output.scalar_type());
   Step step(op);
-  step.premulFactor = red.premulFactor;
+  step.setReduction(red, output);
   std::vector<tcc_buf_t> sends;
   for (auto& in : inputs) {
     sends.push_back(step.buffers.input(in));
@@ -810,7 +831,7 @@ TccBackend::Step TccBackend::reduceScatterTensor(
       " x ",
       n);
   Step step(op);
-  step.premulFactor = red.premulFactor;
+  step.setReduction(red, output);
   const tcc_buf_t whole = step.buffers.input(input);
   std::vector<tcc_buf_t> sends;
   for (const auto j : c10::irange(size_)) {

@@ -165,8 +165,12 @@ class TccBackend final : public c10d::Backend {
   // One validated core op, ready to issue: its buffers and the call.
   struct Step {
     explicit Step(const char* op) : buffers(op) {}
+    // The reduce op's PREMUL_SUM factor for buffers like `like`: a tensor
+    // factor stays on the device for CUDA buffers (premulDevice).
+    void setReduction(const Reduction& red, const at::Tensor& like);
     Buffers buffers;
     double premulFactor = 1.0;
+    const void* premulDevice = nullptr; // kept alive by `buffers`
     CoreCall call;
   };
 

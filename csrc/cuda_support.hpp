@@ -34,6 +34,10 @@ c10::intrusive_ptr<c10::ivalue::Future> completedFuture(
 // handed out again ahead of the graph's communication.
 void recordIfCapturing(const std::vector<at::Tensor>& tensors, c10::DeviceIndex device, void* ncclStream);
 
+// Makes the core stage device memory through torch's caching allocator
+// (reused, seen by torch.cuda.memory_*, a graph's pool under capture).
+void installCoreAllocator();
+
 #else
 
 constexpr bool kBuilt = false;
@@ -50,6 +54,8 @@ inline c10::intrusive_ptr<c10::ivalue::Future> completedFuture(
 }
 
 inline void recordIfCapturing(const std::vector<at::Tensor>& /*tensors*/, c10::DeviceIndex /*device*/, void* /*ncclStream*/) {}
+
+inline void installCoreAllocator() {}
 
 #endif
 

@@ -91,9 +91,10 @@ tcc_redop_t toTccRedop(const char* op, c10d::ReduceOp::RedOpType type) {
   }
 }
 
-// The factor of a PREMUL_SUM, read the way ProcessGroupNCCL reads it: a
-// double, or a one-element tensor.
-double premulFactor(const char* op, const c10d::ReduceOp& reduceOp) {
+// The factor of a PREMUL_SUM the way ProcessGroupNCCL takes it: a double
+// (into r.premulFactor), or a one-element tensor (r.premulTensor, read later
+// where the op runs).
+void premulFactor(const char* op, const c10d::ReduceOp& reduceOp, Reduction& r) {
   const auto* supplement =
       dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
   TCC_CHECK(
@@ -102,7 +103,8 @@ double premulFactor(const char* op, const c10d::ReduceOp& reduceOp) {
       "PREMUL_SUM without its factor (create it with "
       "torch.distributed._make_nccl_premul_sum(factor))");
   if (!supplement->tensor_factor.defined()) {
-    return supplement->double_factor;
+    r.premulFactor = supplement->double_factor;
+    return;
   }
   TCC_CHECK(
       supplement->tensor_factor.numel() == 1,
@@ -110,14 +112,14 @@ double premulFactor(const char* op, const c10d::ReduceOp& reduceOp) {
       "the PREMUL_SUM factor must be a one-element tensor, got ",
       supplement->tensor_factor.numel(),
       " elements");
-  return supplement->tensor_factor.item<double>();
+  r.premulTensor = supplement->tensor_factor;
 }
 
 } // namespace
 
 Reduction toReduction(const char* op, const c10d::ReduceOp& reduceOp, at::ScalarType type) {
   const tcc_dtype_t dtype = toTccDtype(op, type);
-  Reduction r{toTccRedop(op, reduceOp.op_), 1.0};
+  Reduction r{toTccRedop(op, reduceOp.op_), 1.0, at::Tensor()};
   TCC_CHECK(
       tcc_redop_supported(dtype, r.op) == TCC_OK,
       op,
@@ -129,7 +131,7 @@ Reduction toReduction(const char* op, const c10d::ReduceOp& reduceOp, at::Scalar
       type,
       ")");
   if (r.op == TCC_PREMUL_SUM) {
-    r.premulFactor = premulFactor(op, reduceOp);
+    premulFactor(op, reduceOp, r);
   }
   return r;
 }

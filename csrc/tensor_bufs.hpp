@@ -46,6 +46,9 @@ tcc_dtype_t toTccDtype(const char* op, at::ScalarType type);
 struct Reduction {
   tcc_redop_t op;
   double premulFactor; // TCC_PREMUL_SUM only; 1.0 otherwise
+  // TCC_PREMUL_SUM given a one-element tensor factor: read where the op
+  // runs (Step::setReduction), never here, so a CUDA factor costs no sync.
+  at::Tensor premulTensor;
 };
 
 // Maps a c10d ReduceOp (PREMUL_SUM: its factor from the supplement) and
@@ -93,6 +96,11 @@ class Buffers {
   }
   // Forgets the copies back (done, or the op failed); the staging stays alive.
   void dropCopyBack();
+  // Keeps `t` alive as long as the described buffers (a tensor the op reads
+  // through a pointer of its own, such as a device PREMUL_SUM factor).
+  void keep(at::Tensor t) {
+    keepAlive_.push_back(std::move(t));
+  }
   // Drops every tensor reference.
   void clear();
   // -1 for CPU tensors, else the CUDA device of the described tensors.

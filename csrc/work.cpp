@@ -310,31 +310,35 @@ void TccWork::synchronize() {
 }
 
 bool TccWork::wait(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const bool bounded = timeout != kNoTimeout;
   if (device_ >= 0) {
-    // Stream semantics: the host does not block on CUDA ops. Host ops of a
-    // mixed coalesced group are waited for below.
+    // Stream semantics: the current stream waits for the CUDA ops, the host
+    // does not block on them unless the caller gave a timeout (as
+    // ProcessGroupNCCL's wait does): then it blocks until they completed
+    // and raises if they did not in time. Host ops of a mixed coalesced
+    // group are waited for below either way.
     waitOnStream();
     bool hostOps = false;
     for (auto& pending : ops_) {
       hostOps |= pending->device() < 0;
     }
-    if (!hostOps) {
+    if (!hostOps && !bounded) {
       return true;
     }
   }
-  using Clock = std::chrono::steady_clock;
-  const bool bounded = timeout != kNoTimeout;
   const auto deadline = Clock::now() + clampTimeout(timeout);
   for (auto& pending : ops_) {
     int64_t waitMs = -1; // no limit of our own: the op's timeout applies
-    if (pending->device() >= 0) {
+    if (pending->device() >= 0 && !bounded) {
       continue; // waited for on the stream above
     }
     if (bounded) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       waitMs = std::max<int64_t>(0, left.count());
     }
-    if (tcc_op_wait(pending->handle(), waitMs) == TCC_ERR_INPROGRESS) {
+    const tcc_result_t r = tcc_op_wait(pending->handle(), waitMs);
+    if (r == TCC_ERR_INPROGRESS) {
       C10_THROW_ERROR(
           DistBackendError,
           c10::str(
@@ -344,9 +348,12 @@ bool TccWork::wait(std::chrono::milliseconds timeout) {
               timeout.count(),
               " ms; the op is still running"));
     }
+    if (pending->device() >= 0 && r != TCC_OK) {
+      C10_THROW_ERROR(DistBackendError, coreFailure(op_, pending->handle()));
+    }
   }
   if (device_ >= 0) {
-    return true; // the CUDA ops of the group may still be running
+    return true; // without a timeout, the CUDA ops of the group may still be running
   }
   // Every op has finished; the completion callbacks run before waiters
   // wake, so this returns at once (it also orders us after copy-backs).

@@ -1,6 +1,10 @@
 // cuda_support.cpp - see cuda_support.hpp. Built only when torch has CUDA.
 #include "../cuda_support.hpp"
 
+#include "tccomm.h"
+
+#include <mutex>
+
 #include <ATen/core/jit_type.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -38,6 +42,40 @@ void recordIfCapturing(const std::vector<at::Tensor>& tensors, c10::DeviceIndex 
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
     }
   }
+}
+
+namespace {
+
+// The core's staging memory from torch's caching allocator. Called from C:
+// nothing may throw across, so a failure is NULL, which the core reports.
+void* coreAlloc(void* /*ctx*/, size_t bytes, int device, void* stream) {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, static_cast<cudaStream_t>(stream));
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+// The block goes back to the pool of the stream it was allocated on, so
+// only work ordered after the core's on that stream can reuse it.
+void coreFree(void* /*ctx*/, void* ptr, int /*device*/, void* /*stream*/) {
+  try {
+    c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+  } catch (...) {
+  }
+}
+
+} // namespace
+
+void installCoreAllocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    tcc_device_allocator_t allocator{};
+    allocator.alloc = coreAlloc;
+    allocator.free = coreFree;
+    tcc_set_device_allocator(&allocator);
+  });
 }
 
 } // namespace tccomm::cuda

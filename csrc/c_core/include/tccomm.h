@@ -80,6 +80,12 @@ typedef struct tcc_buf {
 typedef struct tcc_op_opts {
   int64_t timeout_ms;    /* <= 0: the communicator's timeout */
   double premul_factor;  /* TCC_PREMUL_SUM only */
+  /* TCC_PREMUL_SUM of CUDA buffers: when not NULL, the factor is the one
+   * element of the buffers' dtype at this device address, read by the
+   * device when the reduction runs (no host sync, legal under graph
+   * capture; it must stay valid until the op completes) instead of
+   * premul_factor. Ignored on host buffers. */
+  const void *premul_device_factor;
 } tcc_op_opts_t;
 
 typedef struct tcc_endpoint tcc_endpoint_t;
@@ -301,6 +307,21 @@ void tcc_window_destroy(tcc_window_t *win);
  * Ops enqueued while the caller's stream is capturing a CUDA graph are
  * complete at once from the host's view (the graph replays them); their
  * events are never queried and no host callback is tied to them. */
+
+/* Where the core gets the device memory it stages through (list-form
+ * allgather / reduce_scatter whose per-peer buffers are not one block):
+ * alloc returns `bytes` usable in order on `stream` (a cudaStream_t) of
+ * `device`, or NULL; free gives them back, in order on that stream. The
+ * torch shim passes torch's caching allocator, so the memory is reused,
+ * counted by torch.cuda.memory_*, and taken from a graph's private pool
+ * under capture. Without one (or with NULL), cudaMallocAsync and
+ * cudaFreeAsync. Process-wide; set it before the first CUDA op. */
+typedef struct tcc_device_allocator {
+  void *(*alloc)(void *ctx, size_t bytes, int device, void *stream);
+  void (*free)(void *ctx, void *ptr, int device, void *stream);
+  void *ctx;
+} tcc_device_allocator_t;
+void tcc_set_device_allocator(const tcc_device_allocator_t *allocator);
 
 /* 1 when this build of the core has the CUDA path (the NCCL executor
  * of src/nccl/), else 0: CUDA buffers are then rejected. */

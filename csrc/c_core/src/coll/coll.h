@@ -35,6 +35,7 @@ typedef struct tcc_coll {
   tcc_dtype_t dtype;
   tcc_redop_t redop;
   double premul;
+  const void *premul_device; /* CUDA: the factor in device memory, or NULL */
   int root;
   size_t count;       /* elements, see above */
   void *send;

@@ -135,6 +135,9 @@ void tcc__comm_release(tcc_comm_t *comm);
  * or TCC_OK (msg empty) while it has not failed. */
 tcc_result_t tcc__comm_failure(tcc_comm_t *comm, char *msg, size_t len);
 
+/* The allocator of tcc_set_device_allocator, or NULL (core/device_alloc.c). */
+const tcc_device_allocator_t *tcc__device_allocator(void);
+
 /* Finishes an op: records result/message, runs the callback, wakes waiters. */
 void tcc__op_finish(tcc_op_t *op, tcc_result_t result, const char *msg);
 /* "allreduce", "send", ... */

@@ -149,6 +149,7 @@ static tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc
   if (!op) return tcc__fail(TCC_ERR_SYSTEM, "tccomm: out of memory");
   op->coll = *c;
   op->coll.premul = opts ? opts->premul_factor : 1.0;
+  op->coll.premul_device = opts ? opts->premul_device_factor : NULL;
   op->coll.sends = op->coll.recvs = NULL;
   if ((sends || recvs) && own_arrays(op, comm->size, sends, recvs) != 0) {
     tcc_op_release(op);

@@ -87,7 +87,7 @@ static tcc_result_t share_pair_id(tcc_comm_t *comm, const tcc__nccl_lib_t *lib, 
   }
   tcc_buf_t b = {msg, sizeof msg, TCC_UINT8, -1, NULL};
   int64_t left_ms = (deadline_ns - tcc__now_ns()) / 1000000;
-  tcc_op_opts_t opts = {left_ms > 0 ? left_ms : 1, 0};
+  tcc_op_opts_t opts = {.timeout_ms = left_ms > 0 ? left_ms : 1, .premul_factor = 0};
   tcc_op_t *op = NULL;
   tcc_result_t r = lower ? tcc_send(comm, b, peer, PAIR_ID_TAG, &opts, &op) : tcc_recv(comm, b, peer, PAIR_ID_TAG, &opts, &op);
   if (r == TCC_OK) {

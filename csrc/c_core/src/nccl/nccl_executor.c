@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nccl/nccl_state.h"
 
@@ -86,13 +87,37 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     goto out;
   }
   c = tcc__cuda_state_for(comm, device, what, err);
+  if (!c) {
+    r = err->code;
+    goto out;
+  }
+  cudaStream_t s = (cudaStream_t)stream;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaError_t e = tcc__cuda_enter_device(device, &prev);
+  if (e == cudaSuccess) e = cudaStreamIsCapturing(s, &cs);
+  if (e != cudaSuccess) {
+    r = tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): cannot use the caller's stream: %s", what,
+                     comm->name, comm->rank, cudaGetErrorString(e));
+    goto out;
+  }
+  st->captured = cs == cudaStreamCaptureStatusActive;
   const int pairwise = op->kind != TCC_OP_COLL && !tcc__comm_in_group(comm) && op->peer != comm->rank;
-  if (c) n = pairwise ? tcc__cuda_pair_ncomm(comm, c, op->peer, what, deadline, err)
-                      : tcc__cuda_group_ncomm(comm, c, what, deadline, err);
+  if (st->captured && !(pairwise ? atomic_load(&c->pair_ready[op->peer]) : atomic_load(&c->coll_ready))) {
+    /* Setup talks to the peers and makes NCCL allocate device memory: it
+     * has no place in a graph (it would run once, at capture, or fail). */
+    r = tcc__err_set(err, TCC_ERR_INVALID,
+                     "tccomm %s on '%s' (rank %d): the caller's stream is capturing a CUDA graph, and %s needs its "
+                     "NCCL communicator set up first, which cannot happen during capture: issue one such op before "
+                     "capturing (or pass device_id to init_process_group for collectives)",
+                     what, comm->name, comm->rank, pairwise ? "a send/recv with this peer" : "this collective");
+    goto out;
+  }
+  n = pairwise ? tcc__cuda_pair_ncomm(comm, c, op->peer, what, deadline, err)
+               : tcc__cuda_group_ncomm(comm, c, what, deadline, err);
   if (!n) {
     /* A setup that failed half way leaves the peers' NCCL in an unknown
      * state: no later op may retry it out of step with them. */
-    r = c ? fail_comm_unless_invalid(comm, err->code, err) : err->code;
+    r = fail_comm_unless_invalid(comm, err->code, err);
     goto out;
   }
   st->ncomm = n;
@@ -101,19 +126,14 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     r = unusable(comm, what, err);
     goto out;
   }
-  cudaStream_t s = (cudaStream_t)stream;
-  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  cudaError_t e = tcc__cuda_enter_device(device, &prev);
-  if (e == cudaSuccess) e = cudaStreamIsCapturing(s, &cs);
   /* The NCCL stream follows the caller's stream (and joins its capture). */
-  if (e == cudaSuccess) e = cudaEventRecord(c->order_event, s);
+  e = cudaEventRecord(c->order_event, s);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, c->order_event, 0);
   if (e != cudaSuccess) {
     r = tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): ordering after the caller's stream failed: %s",
                     what, comm->name, comm->rank, cudaGetErrorString(e));
     goto out;
   }
-  st->captured = cs == cudaStreamCaptureStatusActive;
   if (tcc__comm_in_group(comm) && !c->nccl_group_open) {
     ncclResult_t nr = c->nccl->GroupStart();
     if (nr != ncclSuccess) {
@@ -145,10 +165,7 @@ static tcc_result_t nccl_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
 out:
   /* On success, staging memory is freed by tcc__cuda_post: already, or at
    * the group's end (an allgather in a group copies out of it then). */
-  if (r != TCC_OK && st->tmp) {
-    if (n) cudaFreeAsync(st->tmp, n->stream);
-    st->tmp = NULL;
-  }
+  if (r != TCC_OK && n) tcc__cuda_stage_free(op, n);
   if (c) tcc__cuda_leave_device(device, prev);
   pthread_mutex_unlock(&nccl_comm_of(comm)->lock);
   if (r == TCC_OK && st->captured && atomic_load(&st->event)) tcc__cuda_finish(op, TCC_OK, NULL);
@@ -202,10 +219,7 @@ static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
     if (r == TCC_OK) r = complete_enqueue(oc, nccl_state_of(oc), op, &err);
     if (r != TCC_OK) {
       /* Staging memory of a group that never launched: freed in order on its stream. */
-      if (nccl_op_of(op)->tmp) {
-        cudaFreeAsync(nccl_op_of(op)->tmp, n->stream);
-        nccl_op_of(op)->tmp = NULL;
-      }
+      tcc__cuda_stage_free(op, n);
       /* Kept for the message: the op is failed below, after the unlock. */
       op->result = r;
       snprintf(op->error, sizeof op->error, "%s", err.msg);
@@ -239,6 +253,7 @@ static tcc_result_t nccl_group_end(tcc_comm_t *comm, tcc_err_t *first_err) {
 }
 
 static int nccl_test(tcc_op_t *op) {
+  if (atomic_load(&op->finished)) return 1;
   nccl_op_t *st = nccl_op_of(op);
   cudaEvent_t ev = atomic_load(&st->event);
   if (!ev || st->captured) return 0;
@@ -251,9 +266,21 @@ static int nccl_test(tcc_op_t *op) {
   return atomic_load(&op->finished);
 }
 
-/* The watchdog finishes the op (or fails it at its deadline). */
+/* Polls the op's own event (the watchdog backs off while nothing
+ * completes, so waiting for it would add its period to every wait), with
+ * naps growing to 1 ms; the watchdog still fails it at its deadline. */
 static tcc_result_t nccl_wait(tcc_op_t *op, int64_t timeout_ms) {
-  return tcc__op_await(op, timeout_ms);
+  const int64_t deadline = timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms);
+  int64_t pause = 20 * 1000;
+  for (;;) {
+    if (nccl_test(op)) return op->result;
+    const int64_t now = tcc__now_ns();
+    if (now >= deadline) return TCC_ERR_INPROGRESS;
+    const int64_t left = deadline - now, ns = pause < left ? pause : left;
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    nanosleep(&ts, NULL);
+    if (pause < 1000 * 1000) pause *= 2;
+  }
 }
 
 /* Enqueued ops progress on the device by themselves. */

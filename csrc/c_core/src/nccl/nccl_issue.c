@@ -126,7 +126,16 @@ static tcc_result_t map_redop(tcc_comm_t *comm, tcc__ncomm_t *ncomm, const tcc_o
                                   "has NCCL %s", have);
         return unsupported(comm, op, msg, err);
       }
-      /* The scalar has the tensor's type; the host copy is read during the call. */
+      /* The scalar has the tensor's type. A device factor is read by the
+       * kernel (no host sync, legal while capturing, as ProcessGroupNCCL
+       * passes it); a host one is copied by NCCL during this call. */
+      if (op->coll.premul_device) {
+        NCCL_TRY("ncclRedOpCreatePreMulSum",
+                 ncomm->nccl->RedOpCreatePreMulSum(out, (void *)op->coll.premul_device, t, ncclScalarDevice,
+                                                   handle(ncomm)));
+        *created = 1;
+        return TCC_OK;
+      }
       union { float f; double d; uint16_t h; } scalar;
       if (dt == TCC_FLOAT32) scalar.f = (float)op->coll.premul;
       else if (dt == TCC_FLOAT64) scalar.d = op->coll.premul;
@@ -162,11 +171,35 @@ static tcc_result_t copy_async(tcc_comm_t *comm, tcc__ncomm_t *ncomm, const tcc_
   return TCC_OK;
 }
 
-/* Stream-ordered staging memory (legal during graph capture, unlike cudaMalloc). */
+/* Stream-ordered staging memory (legal during graph capture, unlike
+ * cudaMalloc): the embedding program's allocator (torch's caching
+ * allocator), else cudaMallocAsync. */
 static tcc_result_t stage_alloc(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op, size_t bytes,
                                 tcc_err_t *err) {
+  const tcc_device_allocator_t *a = tcc__device_allocator();
+  if (a) {
+    nccl_op_of(op)->tmp = a->alloc(a->ctx, bytes, op->device, ncomm->stream);
+    if (!nccl_op_of(op)->tmp)
+      return tcc__err_set(err, TCC_ERR_SYSTEM,
+                          "tccomm %s on '%s' (rank %d): the device allocator could not provide %zu bytes of staging "
+                          "memory on CUDA device %d",
+                          tcc__op_name(op), comm->name, comm->rank, bytes, op->device);
+    return TCC_OK;
+  }
   CUDA_TRY("cudaMallocAsync", cudaMallocAsync(&nccl_op_of(op)->tmp, bytes, ncomm->stream));
   return TCC_OK;
+}
+
+cudaError_t tcc__cuda_stage_free(tcc_op_t *op, tcc__ncomm_t *ncomm) {
+  void *tmp = nccl_op_of(op)->tmp;
+  nccl_op_of(op)->tmp = NULL;
+  if (!tmp) return cudaSuccess;
+  const tcc_device_allocator_t *a = tcc__device_allocator();
+  if (a) {
+    a->free(a->ctx, tmp, op->device, ncomm->stream);
+    return cudaSuccess;
+  }
+  return cudaFreeAsync(tmp, ncomm->stream);
 }
 
 /* ---- collectives ---------------------------------------------------------- */
@@ -306,9 +339,8 @@ tcc_result_t tcc__cuda_post(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op,
     for (int j = 0; j < comm->size && r == TCC_OK; j++)
       r = copy_async(comm, ncomm, op, op->coll.recvs[j], (char *)nccl_op_of(op)->tmp + (size_t)j * bytes, bytes, err);
   }
-  cudaError_t e = cudaFreeAsync(nccl_op_of(op)->tmp, ncomm->stream);
-  nccl_op_of(op)->tmp = NULL;
+  cudaError_t e = tcc__cuda_stage_free(op, ncomm);
   if (r != TCC_OK) return r;
-  CUDA_TRY("cudaFreeAsync", e);
+  CUDA_TRY("freeing the staging memory", e);
   return TCC_OK;
 }

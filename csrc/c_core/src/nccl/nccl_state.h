@@ -66,6 +66,7 @@ struct tcc__cuda {
   pthread_cond_t cv;
   tcc_op_t *head, *tail; /* ops in flight, in issue order (linked by op->next) */
   int stopping;
+  int64_t stop_deadline_ns; /* destroy: in-flight ops are aborted after it */
   int deep_sleep;
   /* The error policy, TCCOMM_ASYNC_ERROR_HANDLING as torch's
    * TORCH_NCCL_ASYNC_ERROR_HANDLING: 1 or 3 (the default) tear the process
@@ -76,6 +77,7 @@ struct tcc__cuda {
    * user asked for never tears down. */
   int tear_down;
   int64_t last_submit_ns;
+  int64_t poll_ns; /* the watchdog's current poll period (watch.c) */
   pthread_t thread;
   int thread_started;
   atomic_int nccl_aborted; /* its NCCL communicators were aborted */
@@ -142,6 +144,8 @@ void tcc__ncomm_free(tcc__ncomm_t *nc, int graceful);
  * must follow the NCCL kernel (copying out of staging memory) are left to
  * tcc__cuda_post. */
 tcc_result_t tcc__cuda_issue(tcc_comm_t *comm, tcc__ncomm_t *n, tcc_op_t *op, tcc_err_t *err);
+/* Gives the op's staging memory back, in order on ncomm's stream. */
+cudaError_t tcc__cuda_stage_free(tcc_op_t *op, tcc__ncomm_t *ncomm);
 /* Runs after the NCCL kernel of `op` is enqueued (after ncclGroupEnd). */
 tcc_result_t tcc__cuda_post(tcc_comm_t *comm, tcc__ncomm_t *n, tcc_op_t *op, tcc_err_t *err);
 

@@ -22,9 +22,16 @@
 #include <string.h>
 #include <time.h>
 
-#define WATCH_POLL_NS (200 * 1000LL)              /* ops in flight: 0.2 ms */
+/* Ops in flight: polled every 0.2 ms after a submit or a completion,
+ * backing off to 10 ms while nothing completes (host waiters poll their
+ * own op: executor.c, so this only bounds callbacks and deadlines). */
+#define WATCH_POLL_MIN_NS (200 * 1000LL)
+#define WATCH_POLL_MAX_NS (10 * 1000 * 1000LL)
 #define WATCH_IDLE_POLL_NS (5 * 1000 * 1000LL)    /* nothing in flight: 5 ms */
 #define WATCH_WINDOW_NS (2000 * 1000 * 1000LL)    /* then sleep until woken */
+/* Destroy lets ops in flight finish (the caller may rightly have only made
+ * its stream wait for them) for this long at most, then aborts them. */
+#define DESTROY_GRACE_NS (10 * 1000 * 1000 * 1000LL)
 
 /* ---- event pool -------------------------------------------------------------- */
 
@@ -127,7 +134,7 @@ static int fail_all(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list) {
 
 /* Checks the ops of `list` once; returns the ones still running, in order.
  * Adds the ops it failed to *failed (the communicator then failed). */
-static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list, int *failed) {
+static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list, int *failed, int *completed) {
   tcc_op_t *keep = NULL, **tail = &keep;
   const int64_t now = tcc__now_ns();
   while (list) {
@@ -138,6 +145,7 @@ static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list,
     if (q == cudaSuccess) {
       tcc__cuda_finish(op, TCC_OK, NULL);
       tcc_op_release(op);
+      (*completed)++;
       continue;
     }
     char msg[TCC_ERRLEN];
@@ -237,15 +245,24 @@ static void *watch_main(void *arg) {
     }
     tcc_op_t *list = c->head;
     c->head = c->tail = NULL;
+    const int past_grace = c->stopping && tcc__now_ns() >= c->stop_deadline_ns;
     pthread_mutex_unlock(&c->lock);
+    if (past_grace && !atomic_load(&comm->aborted)) {
+      char msg[TCC_ERRLEN];
+      snprintf(msg, sizeof msg,
+               "tccomm '%s' (rank %d): the communicator was destroyed while CUDA ops were still in flight; they "
+               "were aborted after %lld s",
+               comm->name, comm->rank, DESTROY_GRACE_NS / 1000000000LL);
+      tcc__comm_fail(comm, TCC_ERR_ABORTED, msg);
+    }
 
     check_async_error(comm, c);
-    int failed = 0;
+    int failed = 0, completed = 0;
     if (atomic_load(&comm->aborted)) {
       failed = fail_all(comm, c, list);
       list = NULL;
     } else {
-      list = poll_ops(comm, c, list, &failed);
+      list = poll_ops(comm, c, list, &failed, &completed);
       if (failed) {
         failed += fail_all(comm, c, list);
         list = NULL;
@@ -254,7 +271,9 @@ static void *watch_main(void *arg) {
 
     pthread_mutex_lock(&c->lock);
     requeue(c, list);
-    if (c->head) timed_wait(c, WATCH_POLL_NS);
+    if (completed) c->poll_ns = WATCH_POLL_MIN_NS;
+    else if (c->poll_ns < WATCH_POLL_MAX_NS) c->poll_ns *= 2;
+    if (c->head) timed_wait(c, c->poll_ns);
   }
   pthread_mutex_unlock(&c->lock);
   return NULL;
@@ -264,6 +283,7 @@ tcc_result_t tcc__cuda_watch_start(tcc_comm_t *comm, struct tcc__cuda *c, tcc_er
   pthread_mutex_init(&c->lock, NULL);
   tcc__cond_init_monotonic(&c->cv); /* timed waits on the tcc__now_ns clock */
   c->last_submit_ns = tcc__now_ns();
+  c->poll_ns = WATCH_POLL_MIN_NS;
   int rc = pthread_create(&c->thread, NULL, watch_main, comm);
   if (rc != 0)
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): cannot start the CUDA watchdog: %s",
@@ -279,6 +299,7 @@ void tcc__cuda_watch(struct tcc__cuda *c, tcc_op_t *op) {
   if (c->tail) c->tail->next = op; else c->head = op;
   c->tail = op;
   c->last_submit_ns = tcc__now_ns();
+  c->poll_ns = WATCH_POLL_MIN_NS;
   if (c->deep_sleep) pthread_cond_signal(&c->cv); /* see the file comment */
   pthread_mutex_unlock(&c->lock);
 }
@@ -293,6 +314,7 @@ void tcc__cuda_watch_wake(struct tcc__cuda *c) {
 void tcc__cuda_watch_stop(struct tcc__cuda *c) {
   if (!c->thread_started) return;
   pthread_mutex_lock(&c->lock);
+  c->stop_deadline_ns = tcc__now_ns() + DESTROY_GRACE_NS;
   c->stopping = 1;
   pthread_cond_signal(&c->cv);
   pthread_mutex_unlock(&c->lock);

@@ -65,7 +65,7 @@ static tcc_result_t exchange_hellos(tcc_comm_t *comm, size_t bytes, int64_t time
   tcc_buf_t *recvs = calloc((size_t)n, sizeof *recvs);
   if (!recvs) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   for (int r = 0; r < n; r++) recvs[r] = (tcc_buf_t){&all[r], sizeof mine, TCC_UINT8, -1, NULL};
-  tcc_op_opts_t opts = {timeout_ms, 1.0};
+  tcc_op_opts_t opts = {.timeout_ms = timeout_ms, .premul_factor = 1.0};
   tcc_op_t *op = NULL;
   tcc_result_t r = tcc_allgather(comm, (tcc_buf_t){&mine, sizeof mine, TCC_UINT8, -1, NULL}, recvs, &opts, &op);
   free(recvs);

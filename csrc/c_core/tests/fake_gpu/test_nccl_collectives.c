@@ -37,7 +37,7 @@ static void allreduce_case(gpu_rank_t *g, tcc_dtype_t dt, tcc_redop_t op, size_t
   void *in = host_input(g->rank, count, dt, 0), *out = calloc(1, bytes + 1);
   void *d_in = dev_alloc(bytes), *d_out = dev_alloc(bytes);
   upload(g, d_in, in, bytes);
-  tcc_op_opts_t opts = {0, 0.5};
+  tcc_op_opts_t opts = {.timeout_ms = 0, .premul_factor = 0.5};
   tcc_op_t *o = NULL;
   if (settle(g, tcc_allreduce(g->comm, dbuf(g, d_in, count, dt), dbuf(g, d_out, count, dt), op, &opts, &o), &o,
              "allreduce") == 0) {
@@ -61,6 +61,29 @@ static void allreduce_case(gpu_rank_t *g, tcc_dtype_t dt, tcc_redop_t op, size_t
   free(out);
 }
 
+/* PREMUL_SUM whose factor lives on the device (read by the kernel): it
+ * wins over the host factor given beside it. */
+static void allreduce_premul_device(gpu_rank_t *g, tcc_dtype_t dt) {
+  const size_t count = COUNT, bytes = count * tcc_dtype_size(dt);
+  void *in = host_input(g->rank, count, dt, 0), *out = calloc(1, bytes), *factor = calloc(1, 8);
+  put_value(factor, 0, dt, 0.25);
+  void *d = dev_alloc(bytes), *d_factor = dev_alloc(8);
+  upload(g, d, in, bytes);
+  upload(g, d_factor, factor, tcc_dtype_size(dt));
+  tcc_op_opts_t opts = {.timeout_ms = 0, .premul_factor = 0.5, .premul_device_factor = d_factor};
+  tcc_op_t *o = NULL;
+  if (settle(g, tcc_allreduce(g->comm, dbuf(g, d, count, dt), dbuf(g, d, count, dt), TCC_PREMUL_SUM, &opts, &o), &o,
+             "allreduce premul (device factor)") == 0) {
+    download(g, out, d, bytes);
+    check_reduced(g, "allreduce premul (device factor 0.25)", out, count, dt, TCC_PREMUL_SUM, 0.25, 0);
+  }
+  cudaFree(d);
+  cudaFree(d_factor);
+  free(in);
+  free(out);
+  free(factor);
+}
+
 static void test_allreduce(gpu_rank_t *g) {
   const tcc_dtype_t types[] = {TCC_FLOAT32, TCC_FLOAT64, TCC_FLOAT16, TCC_BFLOAT16, TCC_INT32, TCC_INT64, TCC_UINT8};
   const tcc_redop_t ops[] = {TCC_SUM, TCC_PRODUCT, TCC_MIN, TCC_MAX, TCC_AVG};
@@ -69,6 +92,8 @@ static void test_allreduce(gpu_rank_t *g) {
   allreduce_case(g, TCC_FLOAT32, TCC_PREMUL_SUM, COUNT);
   allreduce_case(g, TCC_FLOAT64, TCC_PREMUL_SUM, COUNT);
   allreduce_case(g, TCC_BFLOAT16, TCC_PREMUL_SUM, COUNT);
+  allreduce_premul_device(g, TCC_FLOAT32);
+  allreduce_premul_device(g, TCC_BFLOAT16);
   const tcc_redop_t bool_ops[] = {TCC_SUM, TCC_PRODUCT, TCC_MIN, TCC_MAX};
   for (size_t k = 0; k < 4; k++) allreduce_case(g, TCC_BOOL, bool_ops[k], COUNT);
   allreduce_case(g, TCC_FLOAT32, TCC_SUM, 0);
@@ -248,12 +273,49 @@ static void test_send_recv(gpu_rank_t *g) {
   free(out);
 }
 
+/* The embedding program's allocator (torch's caching allocator in the
+ * shim) serves the core's staging memory, every allocation given back. */
+static struct {
+  int allocs, frees;
+  int wrong_stream;
+} counted;
+
+static void *counting_alloc(void *ctx, size_t bytes, int device, void *stream) {
+  (void)ctx;
+  void *p = NULL;
+  int dev = -1;
+  cudaGetDevice(&dev);
+  if (dev != device || stream == NULL) counted.wrong_stream++;
+  if (cudaMallocAsync(&p, bytes, (cudaStream_t)stream) != cudaSuccess) return NULL;
+  counted.allocs++;
+  return p;
+}
+
+static void counting_free(void *ctx, void *ptr, int device, void *stream) {
+  (void)ctx;
+  (void)device;
+  counted.frees++;
+  cudaFreeAsync(ptr, (cudaStream_t)stream);
+}
+
+static void test_staging_allocator(gpu_rank_t *g) {
+  tcc_device_allocator_t a = {counting_alloc, counting_free, NULL};
+  tcc_set_device_allocator(&a);
+  test_allgather_reduce_scatter(g);
+  tcc_set_device_allocator(NULL);
+  /* The list forms (one allgather, one reduce_scatter) staged; the block forms did not. */
+  CHECK(counted.allocs == 2 && counted.frees == 2 && counted.wrong_stream == 0,
+        "staging through the allocator on rank %d: %d allocs, %d frees, %d on the wrong device/stream", g->rank,
+        counted.allocs, counted.frees, counted.wrong_stream);
+}
+
 static void rank_main(tcc_comm_t *comm) {
   gpu_rank_t g = gpu_rank_open(comm);
   test_allreduce(&g);
   test_unsupported(&g);
   test_broadcast_reduce(&g);
   test_allgather_reduce_scatter(&g);
+  test_staging_allocator(&g);
   test_gather_scatter_alltoall(&g);
   test_send_recv(&g);
   gpu_rank_close(&g);

@@ -48,7 +48,7 @@ static tcc_result_t allreduce_once(gpu_rank_t *g, float *d, int64_t timeout_ms, 
   float in[64];
   for (int i = 0; i < 64; i++) in[i] = (float)input_value(g->rank, (size_t)i);
   upload(g, d, in, sizeof in);
-  tcc_op_opts_t opts = {timeout_ms, 0};
+  tcc_op_opts_t opts = {.timeout_ms = timeout_ms, .premul_factor = 0};
   tcc_op_t *o = NULL;
   tcc_result_t r = tcc_allreduce(g->comm, dbuf(g, d, 64, TCC_FLOAT32), dbuf(g, d, 64, TCC_FLOAT32), TCC_SUM, &opts, &o);
   if (r != TCC_OK) {
@@ -99,7 +99,7 @@ static void rank_p2p_first(tcc_comm_t *comm) {
     for (size_t i = 0; i < count; i++) host[i] = input_value(g.rank, i);
     upload(&g, d, host, sizeof host);
     tcc_op_t *o = NULL;
-    tcc_op_opts_t opts = {TIMEOUT_MS, 0};
+    tcc_op_opts_t opts = {.timeout_ms = TIMEOUT_MS, .premul_factor = 0};
     const int64_t t0 = now_ms();
     tcc_result_t r = g.rank == 0 ? tcc_send(comm, dbuf(&g, d, count, TCC_FLOAT64), 1, 0, &opts, &o)
                                  : tcc_recv(comm, dbuf(&g, d, count, TCC_FLOAT64), 0, 0, &opts, &o);
@@ -133,7 +133,7 @@ static void rank_p2p_then_collective(tcc_comm_t *comm) {
    * first send/recv of two ranks is a setup both must reach), so only the
    * ordering is under test. */
   CHECK(allreduce_once(&g, d, TIMEOUT_MS, why, sizeof why) == TCC_OK, "warm-up: %s", why);
-  tcc_op_opts_t opts = {TIMEOUT_MS, 0};
+  tcc_op_opts_t opts = {.timeout_ms = TIMEOUT_MS, .premul_factor = 0};
   tcc_op_t *o = NULL;
   tcc_result_t w = g.rank == 0 ? tcc_send(comm, dbuf(&g, p, 64, TCC_FLOAT32), 1, 0, &opts, &o)
                                : tcc_recv(comm, dbuf(&g, p, 64, TCC_FLOAT32), 0, 0, &opts, &o);
