@@ -945,6 +945,17 @@ c10::intrusive_ptr<c10d::Work> TccBackend::alltoall(
 c10::intrusive_ptr<c10d::Work> TccBackend::barrier(const c10d::BarrierOptions& opts) {
   const char* op = "barrier";
   const ErrorScope scope(groupName_, rank_);
+  // Once the group ran CUDA ops, a barrier orders device work as nccl's
+  // does: this rank's work queued so far (on the current stream and the
+  // core's NCCL streams) is finished before the ranks meet.
+  const int device = tcc_comm_cuda_device(coreComm(op));
+  if (device >= 0) {
+    cuda::synchronizeCurrentStream(static_cast<c10::DeviceIndex>(device));
+    const tcc_result_t r = tcc_comm_cuda_synchronize(coreComm(op), timeoutMs(opts.timeout));
+    if (r != TCC_OK) {
+      throwCoreError(r, CallKind::Op);
+    }
+  }
   Step step(op);
   step.call = [](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) { return tcc_barrier(c, o, h); };
   return runOne(op, OpType::BARRIER, opts.timeout, std::move(step), {}, {});

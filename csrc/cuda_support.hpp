@@ -34,6 +34,9 @@ c10::intrusive_ptr<c10::ivalue::Future> completedFuture(
 // handed out again ahead of the graph's communication.
 void recordIfCapturing(const std::vector<at::Tensor>& tensors, c10::DeviceIndex device, void* ncclStream);
 
+// Blocks until the calling thread's current stream on `device` is idle.
+void synchronizeCurrentStream(c10::DeviceIndex device);
+
 // Makes the core stage device memory through torch's caching allocator
 // (reused, seen by torch.cuda.memory_*, a graph's pool under capture).
 void installCoreAllocator();
@@ -56,6 +59,8 @@ inline c10::intrusive_ptr<c10::ivalue::Future> completedFuture(
 inline void recordIfCapturing(const std::vector<at::Tensor>& /*tensors*/, c10::DeviceIndex /*device*/, void* /*ncclStream*/) {}
 
 inline void installCoreAllocator() {}
+
+inline void synchronizeCurrentStream(c10::DeviceIndex /*device*/) {}
 
 #endif
 

@@ -3,21 +3,33 @@
 // torch implements the functional collectives (what funcol and torch.compile
 // emit) once for every backend, as CompositeExplicitAutograd kernels that go
 // through ProcessGroup's generic dispatch: ProcessGroup::allreduce -> the
-// c10d::allreduce_ op -> its CPU kernel -> Backend::allreduce. We register
-// kernels for the CPU key, which the dispatcher prefers to composite ones:
-//   * on a tccomm group they call the TccBackend directly and register the
-//     work, so torch's wait_tensor (not replaced) waits on it;
-//   * on any other group (gloo, a fake group, ...) they hand the untouched
-//     argument stack to torch's own kernel, captured before ours took its
-//     place, so those groups behave exactly as without tccomm.
+// c10d::allreduce_ op -> its CPU (or CUDA) kernel -> Backend::allreduce. We
+// register kernels for the CPU key, and in a build with CUDA for the CUDA
+// key, which the dispatcher prefers to composite ones:
+//   * when the group's backend for that key's device type is a TccBackend
+//     they call it directly and register the work, so torch's wait_tensor
+//     (not replaced) waits on it;
+//   * on any other group (gloo, nccl, a fake group, a group whose tccomm
+//     serves only the other device type, ...) they hand the untouched
+//     argument stack to torch's own kernel for that key, captured before
+//     ours took its place, so those groups behave exactly as without tccomm.
+// One implementation serves every key: the kernels and what they displaced
+// are templates over the device type (DeviceKeys below gives its backend
+// key); the registration blocks at the end name the keys.
 // The kernels are boxed: the group argument is `Any` (a group name or a
 // ProcessGroup object) and both forms are read from the IValue.
 //
+// CUDA ops keep torch's stream semantics: the TccBackend enqueues them after
+// the work already on the caller's current stream, and torch's wait_tensor
+// calls Work::wait(), which for a TccWork of CUDA ops makes the waiting
+// thread's current stream wait for them without blocking the host
+// (work.cpp), as ProcessGroupNCCL's works do.
+//
 // torch (2.14) also gives these ops Python autograd functions (registered
 // when funcol is imported), which every call enters even when no gradient is
-// needed. Our AutogradCPU kernels skip that detour for tccomm groups (and for
-// wait_tensor) when no input requires grad, and hand every other call to
-// whatever torch has registered for autograd.
+// needed. Our AutogradCPU (AutogradCUDA) kernels skip that detour for tccomm
+// groups (and for wait_tensor) when no input requires grad, and hand every
+// other call to whatever torch has registered for autograd.
 //
 // TCCOMM_FUNCOL_FASTPATH=0 in the environment when the extension is loaded
 // skips the registration: every group then takes torch's kernels.
@@ -45,18 +57,16 @@
 namespace tccomm {
 namespace {
 
-// Per op: torch's kernel for the CPU key before ours, and where the group
-// argument sits among the op's arguments.
+// Per op: where the group argument sits among the op's arguments (the same
+// for every dispatch key).
 struct OpInfo {
-  // A copy of the kernel our registration displaced; it stays callable (its
-  // validity token dies only with the operator, at exit).
-  std::optional<c10::SafeKernelFunction> torchKernel;
   size_t numArgs = 0;
   size_t groupArg = 0;
 };
 
-// Keeps the group's backend alive while an op uses it.
-c10::intrusive_ptr<c10d::Backend> tccBackendOf(const c10::IValue& group) {
+// The group's TccBackend for `device`, or null when the group's backend for
+// that device type is another one. Keeps the backend alive while an op uses it.
+c10::intrusive_ptr<c10d::Backend> tccBackendOf(const c10::IValue& group, c10::DeviceType device) {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   if (group.isString()) {
     pg = c10d::resolve_process_group(group.toStringRef());
@@ -67,10 +77,10 @@ c10::intrusive_ptr<c10d::Backend> tccBackendOf(const c10::IValue& group) {
   } else if (group.isCustomClass()) {
     pg = group.toCustomClass<c10d::ProcessGroup>();
   }
-  if (!pg || !pg->hasBackendForDeviceType(c10::DeviceType::CPU)) {
+  if (!pg || !pg->hasBackendForDeviceType(device)) {
     return {};
   }
-  auto backend = pg->getBackend(c10::DeviceType::CPU);
+  auto backend = pg->getBackend(device);
   if (dynamic_cast<TccBackend*>(backend.get()) == nullptr) {
     return {};
   }
@@ -287,16 +297,38 @@ constexpr size_t kNumOps = sizeof(kOps) / sizeof(kOps[0]);
 
 OpInfo opInfo[kNumOps];
 
-// Ops served by this path since the process started: lets tests check that
-// tccomm groups take it and that other groups do not.
+// The backend dispatch key of a device type's dense tensors: where our
+// kernels for that device type go (its autograd kernels go to the matching
+// Autograd<key>, named by the registration blocks at the end).
+template <c10::DeviceType kDevice>
+struct DeviceKeys;
+
+template <>
+struct DeviceKeys<c10::DeviceType::CPU> {
+  static constexpr c10::DispatchKey kBackend = c10::DispatchKey::CPU;
+};
+
+template <>
+struct DeviceKeys<c10::DeviceType::CUDA> {
+  static constexpr c10::DispatchKey kBackend = c10::DispatchKey::CUDA;
+};
+
+// Per op: a copy of torch's kernel for kDevice's backend key that our
+// registration displaced; it stays callable (its validity token dies only
+// with the operator, at exit).
+template <c10::DeviceType kDevice>
+std::optional<c10::SafeKernelFunction> torchKernel[kNumOps];
+
+// Ops served by this path since the process started, on every device type:
+// lets tests check that tccomm groups take it and that other groups do not.
 std::atomic<int64_t> fastPathCalls{0};
 
-template <size_t kIndex>
+template <c10::DeviceType kDevice, size_t kIndex>
 void kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const OpInfo& info = opInfo[kIndex];
-  auto backend = tccBackendOf(torch::jit::peek(*stack, info.groupArg, info.numArgs));
+  auto backend = tccBackendOf(torch::jit::peek(*stack, info.groupArg, info.numArgs), kDevice);
   if (!backend) {
-    info.torchKernel->callBoxed(handle, keys, stack);
+    torchKernel<kDevice>[kIndex]->callBoxed(handle, keys, stack);
     return;
   }
   fastPathCalls.fetch_add(1, std::memory_order_relaxed);
@@ -328,9 +360,9 @@ bool needsGrad(c10::ArrayRef<c10::IValue> args) {
 }
 
 // Whatever torch has for autograd on this op now: the Autograd alias key
-// fills every autograd runtime key alike, and we replace only AutogradCPU,
-// so AutogradOther still holds it (the Python autograd functions that
-// importing funcol registers, or the autograd fallback).
+// fills every autograd runtime key alike, and we replace only AutogradCPU
+// (and AutogradCUDA), so AutogradOther still holds it (the Python autograd
+// functions that importing funcol registers, or the autograd fallback).
 void callTorchAutograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   handle.getComputedKernelForDispatchKey(c10::DispatchKey::AutogradOther).callBoxed(handle, keys, stack);
 }
@@ -344,11 +376,11 @@ void belowAutograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, 
   handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }
 
-template <size_t kIndex>
+template <c10::DeviceType kDevice, size_t kIndex>
 void autogradKernel(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const OpInfo& info = opInfo[kIndex];
   auto args = torch::jit::last(*stack, info.numArgs);
-  if (!needsGrad(args) && tccBackendOf(args[info.groupArg])) {
+  if (!needsGrad(args) && tccBackendOf(args[info.groupArg], kDevice)) {
     belowAutograd(handle, keys, stack);
   } else {
     callTorchAutograd(handle, keys, stack);
@@ -374,9 +406,9 @@ bool fastPathEnabled() {
 namespace tccomm {
 namespace {
 
-// Captures torch's CPU kernel of op kIndex, then installs ours in its place.
+// Records where op kIndex takes its group (the same for every key).
 template <size_t kIndex>
-void install(torch::Library& m) {
+c10::OperatorHandle describe() {
   const char* name = kOps[kIndex].name;
   auto handle = c10::Dispatcher::singleton().findSchemaOrThrow((std::string("_c10d_functional::") + name).c_str(), "");
   const auto& schema = handle.schema();
@@ -385,22 +417,47 @@ void install(torch::Library& m) {
   const auto groupArg = schema.argumentIndexWithName("group_name");
   TORCH_INTERNAL_ASSERT(groupArg.has_value(), "tccomm: _c10d_functional::", name, " has no group_name argument");
   info.groupArg = *groupArg;
-  info.torchKernel.emplace(handle.getComputedKernelForDispatchKey(c10::DispatchKey::CPU));
-  m.impl(name, torch::CppFunction::makeFromBoxedFunction<&kernel<kIndex>>());
+  return handle;
 }
 
-template <size_t... kIndices>
+// Captures torch's kernel of op kIndex for kDevice's backend key, then
+// installs ours in its place (m is the library block of that key).
+template <c10::DeviceType kDevice, size_t kIndex>
+void install(torch::Library& m) {
+  const auto handle = describe<kIndex>();
+  torchKernel<kDevice>[kIndex].emplace(handle.getComputedKernelForDispatchKey(DeviceKeys<kDevice>::kBackend));
+  m.impl(kOps[kIndex].name, torch::CppFunction::makeFromBoxedFunction<&kernel<kDevice, kIndex>>());
+}
+
+template <c10::DeviceType kDevice, size_t... kIndices>
 void installAll(torch::Library& m, std::index_sequence<kIndices...>) {
-  (install<kIndices>(m), ...);
+  (install<kDevice, kIndices>(m), ...);
 }
 
 // The autograd kernels need what install() recorded: their registration
-// block comes after the CPU one (static initializers of one file run in order).
-template <size_t... kIndices>
+// block comes after the backend key's (static initializers of one file run
+// in order).
+template <c10::DeviceType kDevice, size_t... kIndices>
 void installAutogradAll(torch::Library& m, std::index_sequence<kIndices...>) {
-  TORCH_INTERNAL_ASSERT(((opInfo[kIndices].numArgs > 0) && ...), "tccomm: functional ops not installed yet");
-  (m.impl(kOps[kIndices].name, torch::CppFunction::makeFromBoxedFunction<&autogradKernel<kIndices>>()), ...);
+  TORCH_INTERNAL_ASSERT(
+      (torchKernel<kDevice>[kIndices].has_value() && ...), "tccomm: functional ops not installed yet for ", kDevice);
+  (m.impl(kOps[kIndices].name, torch::CppFunction::makeFromBoxedFunction<&autogradKernel<kDevice, kIndices>>()), ...);
   m.impl("wait_tensor", torch::CppFunction::makeFromBoxedFunction<&waitTensorAutogradKernel>());
+}
+
+// The registration blocks of kDevice's backend key and autograd key.
+template <c10::DeviceType kDevice>
+void registerBackendKey(torch::Library& m) {
+  if (fastPathEnabled()) {
+    installAll<kDevice>(m, std::make_index_sequence<kNumOps>());
+  }
+}
+
+template <c10::DeviceType kDevice>
+void registerAutogradKey(torch::Library& m) {
+  if (fastPathEnabled()) {
+    installAutogradAll<kDevice>(m, std::make_index_sequence<kNumOps>());
+  }
 }
 
 } // namespace
@@ -410,14 +467,24 @@ TORCH_LIBRARY_FRAGMENT(tccomm, m) {
   m.def("functional_fast_path_calls() -> int", [] { return tccomm::fastPathCalls.load(); });
 }
 
+// One pair of blocks per device type served: each block names its key (the
+// macro needs it spelled out), the templates do the rest.
 TORCH_LIBRARY_IMPL(_c10d_functional, CPU, m) {
-  if (tccomm::fastPathEnabled()) {
-    tccomm::installAll(m, std::make_index_sequence<tccomm::kNumOps>());
-  }
+  tccomm::registerBackendKey<c10::DeviceType::CPU>(m);
 }
 
 TORCH_LIBRARY_IMPL(_c10d_functional, AutogradCPU, m) {
-  if (tccomm::fastPathEnabled()) {
-    tccomm::installAutogradAll(m, std::make_index_sequence<tccomm::kNumOps>());
-  }
+  tccomm::registerAutogradKey<c10::DeviceType::CPU>(m);
 }
+
+// Only a build with the CUDA path: without it a tccomm group refuses CUDA
+// tensors, and every group keeps torch's CUDA kernels.
+#ifdef TCCOMM_WITH_CUDA
+TORCH_LIBRARY_IMPL(_c10d_functional, CUDA, m) {
+  tccomm::registerBackendKey<c10::DeviceType::CUDA>(m);
+}
+
+TORCH_LIBRARY_IMPL(_c10d_functional, AutogradCUDA, m) {
+  tccomm::registerAutogradKey<c10::DeviceType::CUDA>(m);
+}
+#endif

@@ -316,3 +316,29 @@ def teardown_result(run: Run, what: str) -> Result:
     if run.killed:
         lines.append(f"[harness] {run.killed}")
     return Result("fail", "\n".join(lines) + "\n" + run.tails([q for q, _ in bad], lines=60))
+
+
+# NCCL on one GPU shared by several ranks: each must look like its own host
+# that talks over sockets, or NCCL refuses the duplicate device.
+SHARED_GPU_NCCL_ENV = {"NCCL_SOCKET_IFNAME": "lo", "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1",
+                       "NCCL_MNNVL_ENABLE": "0"}
+
+
+def shared_gpu_env(rank: int) -> dict:
+    return dict(SHARED_GPU_NCCL_ENV, NCCL_HOSTID=f"tccomm-test-host-{rank}")
+
+
+def run_scenario_or_fail(out_dir: str, world: int, args, env, scenario: str, limit: float) -> None:
+    """Spawns `world` ranks running `args(rank)` (each reports `scenario`),
+    watches them (a rank without progress for `limit` s is hung) and fails
+    the test unless every rank passed it and exited with code 0."""
+    import pytest
+
+    run = watch(spawn(out_dir, world, args, env), case_limit=lambda case: limit)
+    evs = reported(run, scenario)
+    res = merge(evs) if evs else unfinished(run, scenario)
+    bad_exit = [q for q, code in enumerate(run.codes) if code != 0]
+    if res.status != "pass" or bad_exit:
+        exits = f"\nranks {bad_exit} did not exit with code 0\n{run.tails(bad_exit)}" if bad_exit else ""
+        pytest.fail(f"{scenario} at world {world}: {res.msg}{exits}", pytrace=False)
+

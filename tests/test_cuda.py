@@ -197,19 +197,10 @@ def run_scenario(scenario, world):
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
                  CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
         if world > 1:
-            # Several ranks on one GPU: NCCL must see separate hosts talking over sockets.
-            e.update(NCCL_HOSTID=f"tccomm-test-host-{rank}", NCCL_SOCKET_IFNAME="lo", NCCL_NET="Socket",
-                     NCCL_IB_DISABLE="1", NCCL_MNNVL_ENABLE="0")
+            e.update(_group.shared_gpu_env(rank))
         return e
 
-    group = _group.spawn(outdir, world, lambda rank: [WORKER, scenario, outdir], env)
-    run = _group.watch(group, case_limit=lambda case: GPU_TIMEOUT)
-    evs = _group.reported(run, scenario)
-    res = _group.merge(evs) if evs else _group.unfinished(run, scenario)
-    bad_exit = [q for q, code in enumerate(run.codes) if code != 0]
-    if res.status != "pass" or bad_exit:
-        exits = f"\nranks {bad_exit} did not exit with code 0\n{run.tails(bad_exit)}" if bad_exit else ""
-        pytest.fail(f"{scenario} at world {world}: {res.msg}{exits}", pytrace=False)
+    _group.run_scenario_or_fail(outdir, world, lambda rank: [WORKER, scenario, outdir], env, scenario, GPU_TIMEOUT)
     shutil.rmtree(outdir, ignore_errors=True)
 
 

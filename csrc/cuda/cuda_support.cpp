@@ -17,6 +17,10 @@ void* currentStream(c10::DeviceIndex device) {
   return c10::cuda::getCurrentCUDAStream(device).stream();
 }
 
+void synchronizeCurrentStream(c10::DeviceIndex device) {
+  c10::cuda::getCurrentCUDAStream(device).synchronize();
+}
+
 c10::intrusive_ptr<c10::ivalue::Future> completedFuture(
     const std::vector<at::Tensor>& outputs,
     c10::DeviceIndex device,

@@ -338,6 +338,12 @@ tcc_result_t tcc_comm_cuda_init(tcc_comm_t *comm, int device);
  * collectives; -1 / NULL before its group NCCL communicator exists. */
 int tcc_comm_cuda_device(const tcc_comm_t *comm);
 void *tcc_comm_cuda_stream(const tcc_comm_t *comm);
+/* Blocks until the device finished every CUDA op issued on the
+ * communicator so far (its NCCL streams are idle), or timeout_ms (<= 0: the
+ * communicator's) passed: TCC_ERR_TIMEOUT. What a barrier does before it
+ * meets the other ranks, so that it orders device work as nccl's does.
+ * TCC_OK at once when no CUDA op was issued. */
+tcc_result_t tcc_comm_cuda_synchronize(tcc_comm_t *comm, int64_t timeout_ms);
 /* Brackets ops whose CUDA parts are issued as one NCCL group (one launch).
  * Nestable; start and end must be called on the same thread (and destroy,
  * if it comes first). NCCL's groups are per thread: while any

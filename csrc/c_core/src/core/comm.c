@@ -140,11 +140,18 @@ void tcc_comm_abort(tcc_comm_t *comm) {
   tcc__comm_fail(comm, TCC_ERR_ABORTED, msg);
 }
 
+/* How long destroy lets device work in flight finish before aborting it. */
+#define DESTROY_DEVICE_GRACE_MS 10000
+
 void tcc_comm_destroy(tcc_comm_t *comm) {
   if (!comm) return;
   /* In a forked child the threads, descriptors and mappings are the
    * parent's (or gone: see forksafe.c, MADV_DONTFORK): touch nothing. */
   if (getpid() != comm->owner_pid) return;
+  /* Device work in flight finishes first, within a bound: a caller that
+   * only made its stream wait for an op may destroy right after, and the
+   * device is still working for it (as ncclCommDestroy finalizes). */
+  if (tcc__device_executor.drain) tcc__device_executor.drain(comm, DESTROY_DEVICE_GRACE_MS);
   /* Ops still pending fail now rather than hold destroy (and the threads
    * waiting on them) until their timeouts; peers blocked on this rank learn
    * that it left from its transport. */

@@ -54,6 +54,10 @@ struct tcc__executor {
   void (*wake)(tcc_comm_t *comm);
   /* The outermost tcc_comm_group_end: issue what the group collected. */
   tcc_result_t (*group_end)(tcc_comm_t *comm, tcc_err_t *err);
+  /* Destroy, before anything is failed: lets work already handed to a
+   * device finish (the caller may rightly have only made a stream wait for
+   * it), for at most grace_ms. NULL: nothing runs on its own. */
+  void (*drain)(tcc_comm_t *comm, int64_t grace_ms);
   /* Destroy: pending ops fail or finish, threads stop. */
   void (*stop)(tcc_comm_t *comm);
   /* The communicator's last reference went: free the per-communicator state. */

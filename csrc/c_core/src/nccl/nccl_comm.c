@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nccl/nccl_state.h"
 
@@ -255,4 +256,80 @@ int tcc_comm_cuda_device(const tcc_comm_t *comm) {
 void *tcc_comm_cuda_stream(const tcc_comm_t *comm) {
   struct tcc__cuda *c = nccl_state_of((tcc_comm_t *)comm);
   return c && atomic_load(&c->coll_ready) ? (void *)c->coll.stream : NULL;
+}
+
+struct idle_check {
+  int busy;
+  cudaError_t error;
+};
+
+static void check_idle(tcc__ncomm_t *n, void *arg) {
+  struct idle_check *c = arg;
+  cudaError_t q = cudaStreamQuery(n->stream);
+  if (q == cudaErrorNotReady) c->busy = 1;
+  else if (q != cudaSuccess && c->error == cudaSuccess) c->error = q;
+}
+
+/* Waits until every NCCL stream of the communicator is idle: TCC_OK, the
+ * communicator's failure (if stop_on_failure), TCC_ERR_TIMEOUT at
+ * deadline_ns, or TCC_ERR_SYSTEM (*cuda_error says why). Records no error. */
+static tcc_result_t wait_idle(tcc_comm_t *comm, struct tcc__cuda *c, int64_t deadline_ns, int stop_on_failure,
+                              cudaError_t *cuda_error) {
+  int prev = c->device;
+  tcc__cuda_enter_device(c->device, &prev);
+  /* Relaxed: a stream query is legal while this thread captures a graph. */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  tcc_result_t r = TCC_OK;
+  int64_t pause = 20 * 1000;
+  for (;;) {
+    struct idle_check check = {0, cudaSuccess};
+    tcc__cuda_each_ncomm(comm, c, check_idle, &check);
+    if (check.error != cudaSuccess) {
+      *cuda_error = check.error;
+      r = TCC_ERR_SYSTEM;
+      break;
+    }
+    if (!check.busy) break;
+    if (stop_on_failure && atomic_load(&comm->aborted)) {
+      r = tcc__comm_failure(comm, NULL, 0);
+      break;
+    }
+    if (tcc__now_ns() >= deadline_ns) {
+      r = TCC_ERR_TIMEOUT;
+      break;
+    }
+    struct timespec ts = {0, (long)pause};
+    nanosleep(&ts, NULL);
+    if (pause < 1000 * 1000) pause *= 2;
+  }
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  tcc__cuda_leave_device(c->device, prev);
+  return r;
+}
+
+tcc_result_t tcc_comm_cuda_synchronize(tcc_comm_t *comm, int64_t timeout_ms) {
+  struct tcc__cuda *c = nccl_state_of(comm);
+  if (!c) return TCC_OK;
+  const int64_t deadline = tcc__deadline_after_ms(timeout_ms > 0 ? timeout_ms : atomic_load(&comm->timeout_ms));
+  cudaError_t e = cudaSuccess;
+  const tcc_result_t r = wait_idle(comm, c, deadline, 1, &e);
+  if (r == TCC_OK) return TCC_OK;
+  if (r == TCC_ERR_SYSTEM)
+    return tcc__fail(r, "tccomm '%s' (rank %d): waiting for its CUDA work failed: %s", comm->name, comm->rank,
+                     cudaGetErrorString(e));
+  if (r == TCC_ERR_TIMEOUT)
+    return tcc__fail(r, "tccomm '%s' (rank %d): its CUDA work did not complete in time", comm->name, comm->rank);
+  char cause[TCC_ERRLEN];
+  tcc__comm_failure(comm, cause, sizeof cause);
+  return tcc__fail(r, "tccomm '%s' (rank %d): its CUDA work did not complete: %.400s", comm->name, comm->rank, cause);
+}
+
+/* Not stopped by a failure: one that is real makes the watchdog abort
+ * NCCL, which idles the streams; one that is not (a peer that finished and
+ * left first) must not cut short work that can still complete. */
+void tcc__cuda_drain(tcc_comm_t *comm, int64_t grace_ms) {
+  struct tcc__cuda *c = comm->device_state ? nccl_state_of(comm) : NULL;
+  cudaError_t e = cudaSuccess;
+  if (c) wait_idle(comm, c, tcc__deadline_after_ms(grace_ms), 0, &e);
 }

@@ -374,6 +374,7 @@ const tcc__executor_t tcc__device_executor = {
     .op_free = nccl_op_free,
     .wake = nccl_wake,
     .group_end = nccl_group_end,
+    .drain = tcc__cuda_drain,
     .stop = nccl_stop,
     .release = nccl_release,
 };

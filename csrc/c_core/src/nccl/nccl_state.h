@@ -66,7 +66,6 @@ struct tcc__cuda {
   pthread_cond_t cv;
   tcc_op_t *head, *tail; /* ops in flight, in issue order (linked by op->next) */
   int stopping;
-  int64_t stop_deadline_ns; /* destroy: in-flight ops are aborted after it */
   int deep_sleep;
   /* The error policy, TCCOMM_ASYNC_ERROR_HANDLING as torch's
    * TORCH_NCCL_ASYNC_ERROR_HANDLING: 1 or 3 (the default) tear the process
@@ -81,6 +80,8 @@ struct tcc__cuda {
   pthread_t thread;
   int thread_started;
   atomic_int nccl_aborted; /* its NCCL communicators were aborted */
+  atomic_int device_failed; /* the watchdog saw the failure itself (watch.c) */
+  int64_t failure_seen_ns;  /* when the watchdog first saw another failure */
 };
 
 /* comm->device_state: exists from the communicator's creation. */
@@ -115,6 +116,8 @@ tcc__ncomm_t *tcc__cuda_pair_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, int pe
                                  tcc_err_t *err);
 /* Calls fn on every NCCL communicator that exists (group first). */
 void tcc__cuda_each_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, void (*fn)(tcc__ncomm_t *nc, void *arg), void *arg);
+/* Waits up to grace_ms for the NCCL streams to go idle (destroy). */
+void tcc__cuda_drain(tcc_comm_t *comm, int64_t grace_ms);
 /* Releases NCCL, the stream and the events of a stopped state. */
 void tcc__cuda_state_free(tcc_comm_t *comm, struct tcc__cuda *c);
 

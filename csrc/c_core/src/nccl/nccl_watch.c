@@ -27,11 +27,9 @@
  * own op: executor.c, so this only bounds callbacks and deadlines). */
 #define WATCH_POLL_MIN_NS (200 * 1000LL)
 #define WATCH_POLL_MAX_NS (10 * 1000 * 1000LL)
+#define FAILURE_GRACE_NS (1000 * 1000 * 1000LL) /* see failure_grace */
 #define WATCH_IDLE_POLL_NS (5 * 1000 * 1000LL)    /* nothing in flight: 5 ms */
 #define WATCH_WINDOW_NS (2000 * 1000 * 1000LL)    /* then sleep until woken */
-/* Destroy lets ops in flight finish (the caller may rightly have only made
- * its stream wait for them) for this long at most, then aborts them. */
-#define DESTROY_GRACE_NS (10 * 1000 * 1000 * 1000LL)
 
 /* ---- event pool -------------------------------------------------------------- */
 
@@ -112,24 +110,40 @@ static void apply_error_policy(tcc_comm_t *comm, struct tcc__cuda *c, int failed
   abort();
 }
 
-/* The communicator failed: abort NCCL and fail every op in `list`;
- * returns how many. */
+/* The communicator failed: ops whose work the device already finished
+ * complete (destroy waited for them; a failure since does not undo them);
+ * then NCCL is aborted and the others fail. Returns how many failed. The
+ * order matters: an aborted kernel ends too, and its event with it. */
 static int fail_all(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list) {
-  int failed = 0;
-  tcc__cuda_abort_nccl(comm, c);
-  char msg[TCC_ERRLEN], cause[TCC_ERRLEN];
-  tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
+  tcc_op_t *pending = NULL, **tail = &pending;
+  int left = 0;
   while (list) {
     tcc_op_t *op = list;
     list = op->next;
+    op->next = NULL;
+    if (cudaEventQuery(atomic_load(&nccl_op_of(op)->event)) == cudaSuccess) {
+      tcc__cuda_finish(op, TCC_OK, NULL);
+      tcc_op_release(op);
+      continue;
+    }
+    *tail = op;
+    tail = &op->next;
+    left++;
+  }
+  apply_error_policy(comm, c, left);
+  tcc__cuda_abort_nccl(comm, c);
+  char msg[TCC_ERRLEN], cause[TCC_ERRLEN];
+  tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
+  while (pending) {
+    tcc_op_t *op = pending;
+    pending = op->next;
     op->next = NULL;
     snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) did not complete: %.400s", tcc__op_name(op),
              comm->name, comm->rank, cause);
     tcc__cuda_finish(op, code, msg);
     tcc_op_release(op);
-    failed++;
   }
-  return failed;
+  return left;
 }
 
 /* Checks the ops of `list` once; returns the ones still running, in order.
@@ -162,6 +176,7 @@ static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list,
       tail = &op->next;
       continue;
     }
+    atomic_store(&c->device_failed, 1);
     tcc__comm_fail(comm, q == cudaErrorNotReady ? TCC_ERR_TIMEOUT : TCC_ERR_SYSTEM, msg);
     apply_error_policy(comm, c, 1);
     tcc__cuda_abort_nccl(comm, c);
@@ -185,6 +200,7 @@ static void requeue(struct tcc__cuda *c, tcc_op_t *list) {
 
 struct async_check {
   tcc_comm_t *comm;
+  struct tcc__cuda *c;
   int reported;
 };
 
@@ -202,13 +218,14 @@ static void check_one(tcc__ncomm_t *n, void *arg) {
   char msg[TCC_ERRLEN];
   snprintf(msg, sizeof msg, "tccomm '%s' (rank %d): NCCL reported an error on %s: %s%s%.200s", a->comm->name,
            a->comm->rank, n->label, n->nccl->GetErrorString(ae), *last ? ": " : "", last);
+  atomic_store(&a->c->device_failed, 1);
   tcc__comm_fail(a->comm, TCC_ERR_REMOTE, msg);
   a->reported = 1;
 }
 
 static void check_async_error(tcc_comm_t *comm, struct tcc__cuda *c) {
   if (atomic_load(&comm->aborted) || atomic_load(&c->nccl_aborted)) return;
-  struct async_check a = {comm, 0};
+  struct async_check a = {comm, c, 0};
   tcc__cuda_each_ncomm(comm, c, check_one, &a);
 }
 
@@ -216,6 +233,20 @@ static void timed_wait(struct tcc__cuda *c, int64_t ns) {
   int64_t until = tcc__now_ns() + ns;
   struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
   pthread_cond_timedwait(&c->cv, &c->lock, &ts);
+}
+
+/* Whether ops in flight may still complete although the communicator
+ * failed. A failure the device path saw itself (an NCCL error, a device
+ * error, a deadline) or an abort (destroy, the user) ends them at once. One
+ * that came from elsewhere, typically a peer that left through the host
+ * path, gives them FAILURE_GRACE_NS first: a peer that finished its part of
+ * a collective and then left does not break it here, and NCCL's kernels
+ * still end it if it did. */
+static int failure_grace(tcc_comm_t *comm, struct tcc__cuda *c) {
+  if (atomic_load(&c->device_failed) || tcc__comm_failure(comm, NULL, 0) == TCC_ERR_ABORTED) return 0;
+  const int64_t now = tcc__now_ns();
+  if (!c->failure_seen_ns) c->failure_seen_ns = now;
+  return now - c->failure_seen_ns < FAILURE_GRACE_NS;
 }
 
 static void *watch_main(void *arg) {
@@ -245,20 +276,11 @@ static void *watch_main(void *arg) {
     }
     tcc_op_t *list = c->head;
     c->head = c->tail = NULL;
-    const int past_grace = c->stopping && tcc__now_ns() >= c->stop_deadline_ns;
     pthread_mutex_unlock(&c->lock);
-    if (past_grace && !atomic_load(&comm->aborted)) {
-      char msg[TCC_ERRLEN];
-      snprintf(msg, sizeof msg,
-               "tccomm '%s' (rank %d): the communicator was destroyed while CUDA ops were still in flight; they "
-               "were aborted after %lld s",
-               comm->name, comm->rank, DESTROY_GRACE_NS / 1000000000LL);
-      tcc__comm_fail(comm, TCC_ERR_ABORTED, msg);
-    }
 
     check_async_error(comm, c);
     int failed = 0, completed = 0;
-    if (atomic_load(&comm->aborted)) {
+    if (atomic_load(&comm->aborted) && !failure_grace(comm, c)) {
       failed = fail_all(comm, c, list);
       list = NULL;
     } else {
@@ -314,7 +336,6 @@ void tcc__cuda_watch_wake(struct tcc__cuda *c) {
 void tcc__cuda_watch_stop(struct tcc__cuda *c) {
   if (!c->thread_started) return;
   pthread_mutex_lock(&c->lock);
-  c->stop_deadline_ns = tcc__now_ns() + DESTROY_GRACE_NS;
   c->stopping = 1;
   pthread_cond_signal(&c->cv);
   pthread_mutex_unlock(&c->lock);

@@ -31,6 +31,12 @@ void *tcc_comm_cuda_stream(const tcc_comm_t *comm) {
   return NULL;
 }
 
+tcc_result_t tcc_comm_cuda_synchronize(tcc_comm_t *comm, int64_t timeout_ms) {
+  (void)comm;
+  (void)timeout_ms;
+  return TCC_OK; /* no CUDA op can have been issued */
+}
+
 /* A CUDA buffer is refused by none_accepts when the op is validated, so
  * nothing reaches the rest; they fail safely if it does. */
 static tcc_result_t none_attach(tcc_comm_t *comm, tcc_err_t *err) {

@@ -301,6 +301,70 @@ static void rank_timeout_tears_down(tcc_comm_t *comm) {
   group_comm_destroyed = 1;
 }
 
+/* ---- synchronize is bounded; destroy lets ops in flight go, within bounds ---- */
+
+static void rank_destroy_in_flight(tcc_comm_t *comm) {
+  alarm(60);
+  unsetenv("TCCOMM_ASYNC_ERROR_HANDLING"); /* the default policy: destroy must still not tear down */
+  gpu_rank_t g = gpu_rank_open(comm);
+  float *d = dev_alloc(256);
+  char why[512];
+  CHECK(allreduce_once(&g, d, TIMEOUT_MS * 10, why, sizeof why) == TCC_OK, "warm-up: %s", why);
+  /* Everything issued so far is done once synchronize returns. */
+  CHECK(tcc_comm_cuda_synchronize(comm, 5000) == TCC_OK, "synchronize when idle: %s", tcc_last_error());
+  if (g.rank == 1) fake_nccl_inject("ncclAllReduce", 1, FAKE_NCCL_HANG_KERNEL);
+  tcc_op_opts_t opts = {.timeout_ms = 60000};
+  tcc_op_t *o = NULL;
+  tcc_buf_t b = dbuf(&g, d, 64, TCC_FLOAT32);
+  CHECK(tcc_allreduce(comm, b, b, TCC_SUM, &opts, &o) == TCC_OK, "allreduce: %s", tcc_last_error());
+  int64_t t0 = now_ms();
+  tcc_result_t r = tcc_comm_cuda_synchronize(comm, 300);
+  CHECK(r == TCC_ERR_TIMEOUT && now_ms() - t0 < 2000, "synchronize with a stuck op: %s after %lld ms",
+        tcc_result_string(r), (long long)(now_ms() - t0));
+  t0 = now_ms();
+  tcc_comm_destroy(comm);
+  group_comm_destroyed = 1;
+  const int64_t took = now_ms() - t0;
+  CHECK(took < 15000, "destroy with an op stuck in flight took %lld ms", (long long)took);
+  if (o) {
+    CHECK(tcc_op_wait(o, 1000) == TCC_ERR_ABORTED, "the stuck op after destroy: %s", tcc_op_error(o));
+    tcc_op_release(o);
+  }
+  cudaFree(d);
+  gpu_rank_close(&g);
+}
+
+/* An op whose result the caller only awaits on its stream is still running
+ * when destroy comes: it finishes, with its data, rather than be aborted. */
+static void rank_destroy_lets_op_finish(tcc_comm_t *comm) {
+  alarm(60);
+  gpu_rank_t g = gpu_rank_open(comm);
+  float *d = dev_alloc(64 * 4), in[64], out[64];
+  char why[512];
+  CHECK(allreduce_once(&g, d, TIMEOUT_MS * 10, why, sizeof why) == TCC_OK, "warm-up: %s", why);
+  for (int i = 0; i < 64; i++) in[i] = (float)input_value(g.rank, (size_t)i);
+  upload(&g, d, in, sizeof in);
+  /* Long device delays: the op is surely in flight at destroy. */
+  fake_cuda_set_delay_us(20000);
+  tcc_op_t *o = NULL;
+  tcc_buf_t b = dbuf(&g, d, 64, TCC_FLOAT32);
+  CHECK(tcc_allreduce(comm, b, b, TCC_SUM, NULL, &o) == TCC_OK, "allreduce: %s", tcc_last_error());
+  CHECK(o && tcc_op_stream_wait(o, g.stream) == TCC_OK, "stream wait");
+  tcc_comm_destroy(comm);
+  group_comm_destroyed = 1;
+  if (o) {
+    CHECK(tcc_op_wait(o, 1000) == TCC_OK, "an op in flight at destroy on rank %d: %s", g.rank, tcc_op_error(o));
+    tcc_op_release(o);
+  }
+  download(&g, out, d, sizeof out);
+  for (int i = 0; i < 64; i++)
+    CHECK(out[i] == (float)reduced_value(g.size, (size_t)i, TCC_FLOAT32, TCC_SUM, 0), "result [%d] on rank %d", i,
+          g.rank);
+  fake_cuda_set_delay_us(200);
+  cudaFree(d);
+  gpu_rank_close(&g);
+}
+
 static void check_teardown(void) {
   CHECK(atomic_load(&shared->torn_down) == 2 && atomic_load(&shared->survived) == 0,
         "%d rank(s) torn down, %d survived (want 2 and 0)", atomic_load(&shared->torn_down),
@@ -326,6 +390,8 @@ int main(int argc, char **argv) {
       {"init_never_joins", 2, rank_init_never_joins, 0, NULL},
       {"peer_dies", 2, rank_peer_dies, 0, NULL},
       {"timeout_tears_down", 2, rank_timeout_tears_down, 0, check_teardown},
+      {"destroy_in_flight", 2, rank_destroy_in_flight, 0, NULL},
+      {"destroy_lets_op_finish", 2, rank_destroy_lets_op_finish, 0, NULL},
   };
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
     if (argc > 1 && strcmp(argv[1], cases[k].name) != 0) continue;
