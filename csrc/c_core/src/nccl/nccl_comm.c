@@ -139,6 +139,8 @@ static tcc_result_t cuda_state_create(tcc_comm_t *comm, int device, tcc_err_t *e
   }
   c->nccl = lib;
   c->device = device;
+  c->size = comm->size;
+  atomic_init(&c->refs, 1);
   const char *policy = getenv("TCCOMM_ASYNC_ERROR_HANDLING");
   c->tear_down = !(policy && (strcmp(policy, "0") == 0 || strcmp(policy, "2") == 0));
   int prev = device;
@@ -219,22 +221,63 @@ tcc__ncomm_t *tcc__cuda_pair_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, int pe
 }
 
 void tcc__cuda_each_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, void (*fn)(tcc__ncomm_t *nc, void *arg), void *arg) {
+  (void)comm; /* may be gone: a graph can hold the state longer */
   if (atomic_load(&c->coll_ready)) fn(&c->coll, arg);
-  for (int p = 0; p < comm->size; p++)
+  for (int p = 0; p < c->size; p++)
     if (atomic_load(&c->pair_ready[p])) fn(&c->pairs[p], arg);
 }
 
 static void free_one(tcc__ncomm_t *nc, void *graceful) { tcc__ncomm_free(nc, *(int *)graceful); }
 
-void tcc__cuda_state_free(tcc_comm_t *comm, struct tcc__cuda *c) {
+/* NCCL, the streams and the events; no communicator needed any more. */
+static void free_cuda(struct tcc__cuda *c) {
   int prev = c->device;
   tcc__cuda_enter_device(c->device, &prev);
   const int device = c->device;
-  int graceful = !atomic_load(&comm->aborted);
-  tcc__cuda_each_ncomm(comm, c, free_one, &graceful);
-  atomic_store(&nccl_comm_of(comm)->state, NULL);
+  tcc__cuda_each_ncomm(NULL, c, free_one, &c->graceful);
   free_state(c);
   tcc__cuda_leave_device(device, prev);
+}
+
+static void free_detached(void *arg) { free_cuda(arg); }
+
+/* A graph's user object went (on a CUDA thread, which must make no CUDA
+ * call): the last reference hands the freeing to a thread of the core. */
+static void graph_released(void *arg) {
+  struct tcc__cuda *c = arg;
+  if (atomic_fetch_sub(&c->refs, 1) == 1 && tcc_run_detached(free_detached, c) != TCC_OK) {
+    /* No thread to run it: NCCL stays for the rest of the process. */
+  }
+}
+
+tcc_result_t tcc__cuda_keep_for_graph(struct tcc__cuda *c, cudaStream_t stream) {
+  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = NULL;
+  cudaError_t e = cudaStreamGetCaptureInfo(stream, &status, NULL, &graph, NULL, NULL, NULL);
+  if (e == cudaSuccess && (status != cudaStreamCaptureStatusActive || !graph)) e = cudaErrorStreamCaptureInvalidated;
+  if (e != cudaSuccess) return TCC_ERR_SYSTEM;
+  atomic_fetch_add(&c->refs, 1);
+  cudaUserObject_t object;
+  e = cudaUserObjectCreate(&object, c, graph_released, 1, cudaUserObjectNoDestructorSync);
+  if (e != cudaSuccess) {
+    atomic_fetch_sub(&c->refs, 1);
+    return TCC_ERR_SYSTEM;
+  }
+  /* The graph takes over our reference; on failure releasing it drops c's. */
+  e = cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove);
+  if (e != cudaSuccess) {
+    cudaUserObjectRelease(object, 1);
+    return TCC_ERR_SYSTEM;
+  }
+  return TCC_OK;
+}
+
+void tcc__cuda_state_free(tcc_comm_t *comm, struct tcc__cuda *c) {
+  /* Destroyed when NCCL is healthy (destroy always fails the communicator
+   * itself, so that says nothing); aborted when something aborted it. */
+  c->graceful = !atomic_load(&c->nccl_aborted);
+  atomic_store(&nccl_comm_of(comm)->state, NULL);
+  if (atomic_fetch_sub(&c->refs, 1) == 1) free_cuda(c);
 }
 
 /* ---- public calls ---------------------------------------------------------- */
@@ -331,5 +374,7 @@ tcc_result_t tcc_comm_cuda_synchronize(tcc_comm_t *comm, int64_t timeout_ms) {
 void tcc__cuda_drain(tcc_comm_t *comm, int64_t grace_ms) {
   struct tcc__cuda *c = comm->device_state ? nccl_state_of(comm) : NULL;
   cudaError_t e = cudaSuccess;
-  if (c) wait_idle(comm, c, tcc__deadline_after_ms(grace_ms), 0, &e);
+  if (!c) return;
+  atomic_store(&c->destroying, 1);
+  wait_idle(comm, c, tcc__deadline_after_ms(grace_ms), 0, &e);
 }

@@ -47,6 +47,13 @@ static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc__cuda *c, tcc_
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): recording its completion failed: %s",
                        tcc__op_name(op), comm->name, comm->rank, cudaGetErrorString(e));
   }
+  if (captured && tcc__cuda_keep_for_graph(c, n->stream) != TCC_OK) {
+    tcc__cuda_event_put(c->device, ev);
+    return tcc__err_set(err, TCC_ERR_SYSTEM,
+                        "tccomm %s on '%s' (rank %d): cannot tie the NCCL communicator to the CUDA graph being "
+                        "captured (cudaGraphRetainUserObject)",
+                        tcc__op_name(op), comm->name, comm->rank);
+  }
   op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
   atomic_store(&nccl_op_of(op)->event, ev); /* after the fields its readers check */
   if (!captured) tcc__cuda_watch(c, op);

@@ -49,6 +49,13 @@ static inline nccl_op_t *nccl_op_of(const tcc_op_t *op) { return (nccl_op_t *)op
 struct tcc__cuda {
   const tcc__nccl_lib_t *nccl;
   int device;
+  int size; /* the communicator's, for the pairs */
+  /* One reference for the communicator, one per CUDA graph holding work
+   * captured on it (a user object of the graph: executor.c). A graph can be
+   * replayed after the communicator is destroyed, so the NCCL side stays
+   * until the last of them goes (comm.c). */
+  atomic_int refs;
+  int graceful; /* how NCCL goes at the end: destroyed, or aborted if the communicator failed */
   tcc__ncomm_t coll;        /* the whole group's NCCL communicator, made at the first collective */
   atomic_int coll_ready;
   /* [size]: the two-rank communicator with each peer, made at the first
@@ -81,6 +88,7 @@ struct tcc__cuda {
   int thread_started;
   atomic_int nccl_aborted; /* its NCCL communicators were aborted */
   atomic_int device_failed; /* the watchdog saw the failure itself (watch.c) */
+  atomic_int destroying;    /* destroy drained it: its failure aborts nothing idle */
   int64_t failure_seen_ns;  /* when the watchdog first saw another failure */
 };
 
@@ -118,8 +126,12 @@ tcc__ncomm_t *tcc__cuda_pair_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, int pe
 void tcc__cuda_each_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, void (*fn)(tcc__ncomm_t *nc, void *arg), void *arg);
 /* Waits up to grace_ms for the NCCL streams to go idle (destroy). */
 void tcc__cuda_drain(tcc_comm_t *comm, int64_t grace_ms);
-/* Releases NCCL, the stream and the events of a stopped state. */
+/* The communicator lets go of its stopped state: NCCL, the streams and the
+ * events go now, or with the last graph that holds captured work. */
 void tcc__cuda_state_free(tcc_comm_t *comm, struct tcc__cuda *c);
+/* Takes a reference for the graph `stream` is capturing into, dropped when
+ * CUDA destroys that graph (and its execs). */
+tcc_result_t tcc__cuda_keep_for_graph(struct tcc__cuda *c, cudaStream_t stream);
 
 /* ---- ncomm.c ---- */
 /* Creates the NCCL communicator (nonblocking where NCCL has it) and its

@@ -88,7 +88,8 @@ void tcc__cuda_abort_nccl(tcc_comm_t *comm, struct tcc__cuda *c) {
   if (atomic_exchange(&c->nccl_aborted, 1)) return;
   /* Every slot, set up or not: one being set up sees the flag and fails. */
   tcc__ncomm_abort(&c->coll);
-  for (int p = 0; p < comm->size; p++) tcc__ncomm_abort(&c->pairs[p]);
+  (void)comm;
+  for (int p = 0; p < c->size; p++) tcc__ncomm_abort(&c->pairs[p]);
 }
 
 /* The error policy (nccl_state.h), applied before a failed op is
@@ -131,7 +132,8 @@ static int fail_all(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list) {
     left++;
   }
   apply_error_policy(comm, c, left);
-  tcc__cuda_abort_nccl(comm, c);
+  /* A destroy that drained everything leaves NCCL to the graphs (comm.c). */
+  if (left || !atomic_load(&c->destroying)) tcc__cuda_abort_nccl(comm, c);
   char msg[TCC_ERRLEN], cause[TCC_ERRLEN];
   tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
   while (pending) {
@@ -259,9 +261,11 @@ static void *watch_main(void *arg) {
   for (;;) {
     if (!c->head) {
       if (c->stopping) break;
-      if (atomic_load(&comm->aborted) && !atomic_load(&c->nccl_aborted)) {
+      /* abort() with nothing in flight; not destroy, which drained the
+       * device: NCCL then stays for graphs that hold captured work. */
+      if (atomic_load(&comm->aborted) && !atomic_load(&c->nccl_aborted) && !atomic_load(&c->destroying)) {
         pthread_mutex_unlock(&c->lock);
-        tcc__cuda_abort_nccl(comm, c); /* abort() with nothing in flight */
+        tcc__cuda_abort_nccl(comm, c);
         pthread_mutex_lock(&c->lock);
         continue;
       }

@@ -118,10 +118,51 @@ static void rank_first_op_in_capture(tcc_comm_t *comm) {
   gpu_rank_close(&g);
 }
 
+/* A graph outlives the communicator its work was captured on: it replays
+ * after destroy (its NCCL communicator is kept for it), and NCCL goes when
+ * the graph does. */
+static void rank_replay_after_destroy(tcc_comm_t *comm) {
+  alarm(120);
+  gpu_rank_t g = gpu_rank_open(comm);
+  float *d = dev_alloc(COUNT * 4), out[COUNT];
+  tcc_buf_t b = dbuf(&g, d, COUNT, TCC_FLOAT32);
+  tcc_op_t *o = NULL;
+  fill(&g, d, 1);
+  settle(&g, tcc_allreduce(comm, b, b, TCC_SUM, NULL, &o), &o, "warm-up allreduce");
+  gpu_sync(&g);
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  CHECK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin capture");
+  o = NULL;
+  settle(&g, tcc_allreduce(comm, b, b, TCC_SUM, NULL, &o), &o, "allreduce in capture");
+  CHECK(cudaStreamEndCapture(g.stream, &graph) == cudaSuccess, "end capture");
+  if (graph) CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "instantiate");
+  tcc_comm_destroy(comm);
+  group_comm_destroyed = 1;
+  CHECK(fake_nccl_comms_alive() == 1, "the graph's NCCL communicator went with the group: %d alive",
+        fake_nccl_comms_alive());
+  for (int k = 1; exec && k <= 2; k++) {
+    fill(&g, d, k);
+    CHECK(cudaGraphLaunch(exec, g.stream) == cudaSuccess, "launch %d after destroy", k);
+    download(&g, out, d, sizeof out);
+    for (int i = 0; i < COUNT; i++)
+      CHECK(out[i] == (float)(k * reduced_value(g.size, (size_t)i, TCC_FLOAT32, TCC_SUM, 0)),
+            "replay %d after destroy [%d]", k, i);
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  /* The last holder gone, NCCL is released (on a thread of the core). */
+  for (int t = 0; t < 500 && fake_nccl_comms_alive() > 0; t++) usleep(10000);
+  CHECK(fake_nccl_comms_alive() == 0, "%d NCCL communicator(s) left after the graph went", fake_nccl_comms_alive());
+  cudaFree(d);
+  gpu_rank_close(&g);
+}
+
 int main(void) {
   alarm(300);
   CHECK(run_group(2, "shm", 10000, "fake-gpu-capture", rank_capture_replay) == 0, "capture and replay, 2 ranks");
   CHECK(run_group(3, "shm", 10000, "fake-gpu-capture", rank_capture_replay) == 0, "capture and replay, 3 ranks");
   CHECK(run_group(2, "shm", 10000, "fake-gpu-capture", rank_first_op_in_capture) == 0, "first op in capture");
+  CHECK(run_group(2, "shm", 10000, "fake-gpu-capture", rank_replay_after_destroy) == 0, "replay after destroy");
   CHECK_DONE();
 }

@@ -14,6 +14,7 @@
 #include "../check.h"
 #include "../group.h"
 #include "gpu_rank.h"
+#include "nccl/nccl_lib.h"
 
 #define COUNT 37 /* odd, so no path can assume a multiple of anything */
 
@@ -321,8 +322,24 @@ static void rank_main(tcc_comm_t *comm) {
   gpu_rank_close(&g);
 }
 
+/* NCCL reported its version as major*1000 + minor*100 + patch before 2.9
+ * and as major*10000 + minor*100 + patch since: both read alike. */
+static void test_versions(void) {
+  CHECK(tcc__nccl_version_normalize(2708) == 20708, "2.7.8: %d", tcc__nccl_version_normalize(2708));
+  CHECK(tcc__nccl_version_normalize(2804) == 20804, "2.8.4: %d", tcc__nccl_version_normalize(2804));
+  CHECK(tcc__nccl_version_normalize(20906) == 20906, "2.9.6");
+  CHECK(tcc__nccl_version_normalize(23007) == 23007, "2.30.7");
+  CHECK(tcc__nccl_version_normalize(2708) >= TCC_NCCL_MIN_VERSION, "2.7.8 meets the minimum (2.7.0)");
+  char s[32];
+  tcc__nccl_version_string(tcc__nccl_version_normalize(2804), s, sizeof s);
+  CHECK(strcmp(s, "2.8.4") == 0, "2804 reads as %s", s);
+  int v = 0;
+  CHECK(tcc_nccl_runtime_version(&v) == TCC_OK && v == 23007, "the fake NCCL's version: %d (%s)", v, tcc_last_error());
+}
+
 int main(void) {
   alarm(300);
+  test_versions();
   for (int n = 2; n <= 3; n++) {
     int failed = run_group(n, "shm", 20000, "fake-gpu-coll", rank_main);
     CHECK(!failed, "%d ranks failed", n);
