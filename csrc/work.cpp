@@ -11,6 +11,7 @@
 #include <ATen/core/jit_type.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+#include <torch/headeronly/version.h>
 
 namespace tccomm {
 
@@ -52,7 +53,9 @@ const char* profilingTitle(c10d::OpType type) {
     case OpType::ALLGATHER_COALESCED:
       return "tccomm:all_gather";
     case OpType::_ALLGATHER_BASE:
-    case OpType::ALLGATHER_INTO_TENSOR_COALESCED:
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+    case OpType::ALLGATHER_INTO_TENSOR_COALESCED: // new in torch 2.14
+#endif
       return "tccomm:all_gather_into_tensor";
     case OpType::GATHER:
       return "tccomm:gather";

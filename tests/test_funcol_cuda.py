@@ -409,6 +409,11 @@ def test_cuda_kernels_registered_exactly_with_cuda_build(fastpath):
 @pytest.mark.parametrize("fastpath", ["1", "0"], ids=["fastpath-on", "fastpath-off"])
 def test_routing_by_key_and_group(fastpath):
     """2 ranks, no GPU needed (see scenario_routing)."""
+    import torchcomm_backend
+
+    if not torchcomm_backend.build_info()["cuda"]:
+        pytest.skip("torch and tccomm are built without CUDA: there is no CUDA key to route "
+                    "(test_cuda_kernels_registered_exactly_with_cuda_build checks that none is registered)")
     run_group("routing", 2, {"TCCOMM_FUNCOL_FASTPATH": fastpath})
 
 
