@@ -150,7 +150,7 @@ void tcc_comm_destroy(tcc_comm_t *comm) {
   if (getpid() != comm->owner_pid) return;
   /* Device work in flight finishes first, within a bound: a caller that
    * only made its stream wait for an op may destroy right after, and the
-   * device is still working for it (as ncclCommDestroy finalizes). */
+   * device is still working for it. */
   if (tcc__device_executor.drain) tcc__device_executor.drain(comm, DESTROY_DEVICE_GRACE_MS);
   /* Ops still pending fail now rather than hold destroy (and the threads
    * waiting on them) until their timeouts; peers blocked on this rank learn

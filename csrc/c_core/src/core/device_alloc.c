@@ -2,7 +2,7 @@
  * device_alloc.c - the device allocator the embedding program gives the
  * core (tcc_set_device_allocator), kept for the device executor.
  *
- * Set once, before the first CUDA op, and read on every staging
+ * Set once, before the first device op, and read on every staging
  * allocation: a copy behind an atomic pointer. Copies are never freed (an
  * op in flight may still hold one a later set replaced); they stay linked
  * from `kept`, so they are not leaks but the few bytes of every set.

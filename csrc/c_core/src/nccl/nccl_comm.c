@@ -15,8 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "core/idle_wait.h"
 #include "nccl/nccl_state.h"
 
 int tcc_cuda_built(void) { return 1; }
@@ -39,73 +39,45 @@ void tcc__cuda_leave_device(int device, int prev) {
   if (prev != device) cudaSetDevice(prev);
 }
 
-/* Shares rank 0's ncclUniqueId (with a status byte: rank 0 may fail to
- * make one, and the others must hear that rather than time out). */
-static tcc_result_t share_unique_id(tcc_comm_t *comm, const tcc__nccl_lib_t *lib, ncclUniqueId *id,
-                                    tcc_err_t *err) {
+#define PAIR_ID_TAG 0xFFFFFFFFFFFF0C1DULL /* the core's own tag: user tags are torch ints */
+
+/* Shares a fresh ncclUniqueId made by one rank, over the host path: rank 0
+ * broadcasts it to the group (peer < 0), or the lower rank of a pair sends
+ * it to `peer`. A status byte goes with it: the maker may fail to make
+ * one, and the others must hear that rather than time out. */
+static tcc_result_t share_id(tcc_comm_t *comm, const tcc__nccl_lib_t *lib, int peer, int64_t deadline_ns,
+                             ncclUniqueId *id, tcc_err_t *err) {
+  const int maker = peer < 0 ? 0 : comm->rank < peer ? comm->rank : peer;
+  char with[32] = "";
+  if (peer >= 0) snprintf(with, sizeof with, " with rank %d", peer);
   uint8_t msg[1 + sizeof(ncclUniqueId)];
   memset(msg, 0, sizeof msg);
   ncclResult_t nr = ncclSuccess;
-  if (comm->rank == 0) {
+  if (comm->rank == maker) {
     nr = lib->GetUniqueId(id);
     msg[0] = nr == ncclSuccess ? 1 : 0;
     if (nr == ncclSuccess) memcpy(msg + 1, id, sizeof *id);
   }
   tcc_buf_t b = {msg, sizeof msg, TCC_UINT8, -1, NULL};
+  const int64_t left_ms = (deadline_ns - tcc__now_ns()) / 1000000;
+  tcc_op_opts_t opts = {.timeout_ms = left_ms > 0 ? left_ms : 1, .premul_factor = 0};
   tcc_op_t *op = NULL;
-  tcc_result_t r = tcc_broadcast(comm, b, 0, NULL, &op);
+  tcc_result_t r = peer < 0             ? tcc_broadcast(comm, b, 0, &opts, &op)
+                   : comm->rank == maker ? tcc_send(comm, b, peer, PAIR_ID_TAG, &opts, &op)
+                                         : tcc_recv(comm, b, peer, PAIR_ID_TAG, &opts, &op);
   if (r != TCC_OK)
-    return tcc__err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL unique id failed: %s", comm->name,
-                       comm->rank, tcc_last_error());
+    return tcc__err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL unique id%s failed: %s", comm->name,
+                        comm->rank, with, tcc_last_error());
   r = tcc_op_wait(op, -1);
   if (r != TCC_OK)
-    tcc__err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL unique id failed: %s", comm->name, comm->rank,
-                tcc_op_error(op));
+    tcc__err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL unique id%s failed: %s", comm->name, comm->rank,
+                 with, tcc_op_error(op));
   tcc_op_release(op);
   if (r != TCC_OK) return r;
   if (msg[0] != 1)
-    return tcc__err_set(err, TCC_ERR_REMOTE, "tccomm '%s' (rank %d): rank 0 could not create an NCCL unique id%s%s",
-                       comm->name, comm->rank, comm->rank == 0 ? ": " : "",
-                       comm->rank == 0 ? lib->GetErrorString(nr) : "");
-  memcpy(id, msg + 1, sizeof *id);
-  return TCC_OK;
-}
-
-/* Sends the lower rank's fresh ncclUniqueId to the higher one over the
- * host path's send/recv, with the same status byte as share_unique_id. */
-#define PAIR_ID_TAG 0xFFFFFFFFFFFF0C1DULL /* the core's own tag: user tags are torch ints */
-
-static tcc_result_t share_pair_id(tcc_comm_t *comm, const tcc__nccl_lib_t *lib, int peer, ncclUniqueId *id,
-                                  int64_t deadline_ns, tcc_err_t *err) {
-  uint8_t msg[1 + sizeof(ncclUniqueId)];
-  memset(msg, 0, sizeof msg);
-  const int lower = comm->rank < peer;
-  ncclResult_t nr = ncclSuccess;
-  if (lower) {
-    nr = lib->GetUniqueId(id);
-    msg[0] = nr == ncclSuccess ? 1 : 0;
-    if (nr == ncclSuccess) memcpy(msg + 1, id, sizeof *id);
-  }
-  tcc_buf_t b = {msg, sizeof msg, TCC_UINT8, -1, NULL};
-  int64_t left_ms = (deadline_ns - tcc__now_ns()) / 1000000;
-  tcc_op_opts_t opts = {.timeout_ms = left_ms > 0 ? left_ms : 1, .premul_factor = 0};
-  tcc_op_t *op = NULL;
-  tcc_result_t r = lower ? tcc_send(comm, b, peer, PAIR_ID_TAG, &opts, &op) : tcc_recv(comm, b, peer, PAIR_ID_TAG, &opts, &op);
-  if (r == TCC_OK) {
-    r = tcc_op_wait(op, -1);
-    if (r != TCC_OK)
-      tcc__err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL id with rank %d failed: %s", comm->name,
-                   comm->rank, peer, tcc_op_error(op));
-    tcc_op_release(op);
-  } else {
-    tcc__err_set(err, r, "tccomm '%s' (rank %d): sharing the NCCL id with rank %d failed: %s", comm->name,
-                 comm->rank, peer, tcc_last_error());
-  }
-  if (r != TCC_OK) return r;
-  if (msg[0] != 1)
     return tcc__err_set(err, TCC_ERR_REMOTE, "tccomm '%s' (rank %d): rank %d could not create an NCCL unique id%s%s",
-                        comm->name, comm->rank, lower ? comm->rank : peer, lower ? ": " : "",
-                        lower ? lib->GetErrorString(nr) : "");
+                        comm->name, comm->rank, maker, comm->rank == maker ? ": " : "",
+                        comm->rank == maker ? lib->GetErrorString(nr) : "");
   memcpy(id, msg + 1, sizeof *id);
   return TCC_OK;
 }
@@ -199,7 +171,7 @@ tcc__ncomm_t *tcc__cuda_group_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, const
                                   tcc_err_t *err) {
   if (atomic_load(&c->coll_ready)) return &c->coll;
   ncclUniqueId id;
-  if (share_unique_id(comm, c->nccl, &id, err) != TCC_OK) return NULL;
+  if (share_id(comm, c->nccl, -1, deadline_ns, &id, err) != TCC_OK) return NULL;
   char label[64];
   snprintf(label, sizeof label, "the group's NCCL communicator");
   if (ncomm_setup(comm, c, &c->coll, label, comm->size, &id, comm->rank, what, deadline_ns, err) != TCC_OK) return NULL;
@@ -211,7 +183,7 @@ tcc__ncomm_t *tcc__cuda_pair_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, int pe
                                  tcc_err_t *err) {
   if (atomic_load(&c->pair_ready[peer])) return &c->pairs[peer];
   ncclUniqueId id;
-  if (share_pair_id(comm, c->nccl, peer, &id, deadline_ns, err) != TCC_OK) return NULL;
+  if (share_id(comm, c->nccl, peer, deadline_ns, &id, err) != TCC_OK) return NULL;
   char label[64];
   snprintf(label, sizeof label, "the NCCL communicator with rank %d", peer);
   if (ncomm_setup(comm, c, &c->pairs[peer], label, 2, &id, comm->rank < peer ? 0 : 1, what, deadline_ns, err) != TCC_OK)
@@ -301,16 +273,34 @@ void *tcc_comm_cuda_stream(const tcc_comm_t *comm) {
   return c && atomic_load(&c->coll_ready) ? (void *)c->coll.stream : NULL;
 }
 
-struct idle_check {
+/* What wait_idle polls: every NCCL stream of the communicator. */
+typedef struct idle_check {
+  tcc_comm_t *comm;
+  struct tcc__cuda *c;
+  int stop_on_failure;
   int busy;
   cudaError_t error;
-};
+} idle_check_t;
 
 static void check_idle(tcc__ncomm_t *n, void *arg) {
-  struct idle_check *c = arg;
+  idle_check_t *check = arg;
   cudaError_t q = cudaStreamQuery(n->stream);
-  if (q == cudaErrorNotReady) c->busy = 1;
-  else if (q != cudaSuccess && c->error == cudaSuccess) c->error = q;
+  if (q == cudaErrorNotReady) check->busy = 1;
+  else if (q != cudaSuccess && check->error == cudaSuccess) check->error = q;
+}
+
+static bool streams_idle(void *arg) {
+  idle_check_t *check = arg;
+  check->busy = 0;
+  tcc__cuda_each_ncomm(check->comm, check->c, check_idle, check);
+  return check->error != cudaSuccess || !check->busy;
+}
+
+static tcc_result_t comm_usable(void *arg, int64_t now) {
+  (void)now;
+  const idle_check_t *check = arg;
+  return check->stop_on_failure && atomic_load(&check->comm->aborted) ? tcc__comm_failure(check->comm, NULL, 0)
+                                                                      : TCC_OK;
 }
 
 /* Waits until every NCCL stream of the communicator is idle: TCC_OK, the
@@ -323,28 +313,14 @@ static tcc_result_t wait_idle(tcc_comm_t *comm, struct tcc__cuda *c, int64_t dea
   /* Relaxed: a stream query is legal while this thread captures a graph. */
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
-  tcc_result_t r = TCC_OK;
-  int64_t pause = 20 * 1000;
-  for (;;) {
-    struct idle_check check = {0, cudaSuccess};
-    tcc__cuda_each_ncomm(comm, c, check_idle, &check);
-    if (check.error != cudaSuccess) {
-      *cuda_error = check.error;
-      r = TCC_ERR_SYSTEM;
-      break;
-    }
-    if (!check.busy) break;
-    if (stop_on_failure && atomic_load(&comm->aborted)) {
-      r = tcc__comm_failure(comm, NULL, 0);
-      break;
-    }
-    if (tcc__now_ns() >= deadline_ns) {
-      r = TCC_ERR_TIMEOUT;
-      break;
-    }
-    struct timespec ts = {0, (long)pause};
-    nanosleep(&ts, NULL);
-    if (pause < 1000 * 1000) pause *= 2;
+  idle_check_t check = {comm, c, stop_on_failure, 0, cudaSuccess};
+  atomic_uint never_woken = 0; /* streams signal nothing: bounded naps */
+  const tcc__idle_wait_t w = {.ready = streams_idle, .check = comm_usable, .arg = &check,
+                              .max_nap_ns = 1000 * 1000LL, .deadline_ns = deadline_ns, .word = &never_woken};
+  tcc_result_t r = tcc__idle_wait(&w);
+  if (r == TCC_OK && check.error != cudaSuccess) {
+    *cuda_error = check.error;
+    r = TCC_ERR_SYSTEM;
   }
   cudaThreadExchangeStreamCaptureMode(&mode);
   tcc__cuda_leave_device(c->device, prev);

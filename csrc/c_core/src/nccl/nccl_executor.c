@@ -15,8 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "core/idle_wait.h"
 #include "nccl/nccl_state.h"
 
 /* NCCL's groups are per thread: once any communicator's group is open on
@@ -273,21 +273,16 @@ static int nccl_test(tcc_op_t *op) {
   return atomic_load(&op->finished);
 }
 
+static bool event_done(void *op) { return nccl_test(op); }
+
 /* Polls the op's own event (the watchdog backs off while nothing
- * completes, so waiting for it would add its period to every wait), with
- * naps growing to 1 ms; the watchdog still fails it at its deadline. */
+ * completes, so waiting for it would add its period to every wait); the
+ * futex wakes it at once when the watchdog finishes the op first. */
 static tcc_result_t nccl_wait(tcc_op_t *op, int64_t timeout_ms) {
-  const int64_t deadline = timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms);
-  int64_t pause = 20 * 1000;
-  for (;;) {
-    if (nccl_test(op)) return op->result;
-    const int64_t now = tcc__now_ns();
-    if (now >= deadline) return TCC_ERR_INPROGRESS;
-    const int64_t left = deadline - now, ns = pause < left ? pause : left;
-    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
-    nanosleep(&ts, NULL);
-    if (pause < 1000 * 1000) pause *= 2;
-  }
+  const tcc__idle_wait_t w = {.ready = event_done, .arg = op, .max_nap_ns = 1000 * 1000LL,
+                              .deadline_ns = timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms),
+                              .word = &op->finished_futex};
+  return tcc__idle_wait(&w) == TCC_OK ? op->result : TCC_ERR_INPROGRESS;
 }
 
 /* Enqueued ops progress on the device by themselves. */

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/idle_wait.h"
 #include "nccl/nccl_state.h"
 
 /* How long abort waits for the calls in flight to leave the handle before
@@ -29,9 +30,9 @@
  * one that does not is stuck, and only the abort releases it). */
 #define ABORT_GRACE_NS (100 * 1000 * 1000LL)
 
-/* Naps between polls of a communicator that is still in progress. */
-#define SETTLE_MIN_NAP_NS (20 * 1000LL)
-#define SETTLE_MAX_NAP_NS (1000 * 1000LL)
+/* Naps between polls of a communicator that is still in progress, and of
+ * calls that must leave before an abort. */
+#define SETTLE_NAP_NS (50 * 1000LL)
 
 static void nap(int64_t ns) {
   struct timespec ts = {0, (long)ns};
@@ -58,43 +59,52 @@ tcc_result_t tcc__ncomm_failed(tcc__ncomm_t *nc, const char *what, const char *c
                       nc->comm->rank, call, nc->nccl->GetErrorString(r), *last ? ": " : "", last);
 }
 
-/* Why a settle must stop before NCCL is done: an abort, or the deadline. */
-static tcc_result_t interrupted(tcc__ncomm_t *nc, const char *what, const char *call, int64_t deadline_ns,
-                                tcc_err_t *err) {
+/* What tcc__ncomm_settle polls: NCCL's state of the communicator. */
+typedef struct settle {
+  tcc__ncomm_t *nc;
+  int entered;         /* 0: aborted under us */
+  ncclResult_t query;  /* ncclCommGetAsyncError's own result */
+  ncclResult_t state;  /* the communicator's */
+} settle_t;
+
+static bool settled(void *arg) {
+  settle_t *s = arg;
+  s->entered = tcc__ncomm_enter(s->nc);
+  if (!s->entered) return true;
+  s->query = s->nc->nccl->CommGetAsyncError(atomic_load(&s->nc->nc), &s->state);
+  tcc__ncomm_leave(s->nc);
+  return s->query != ncclSuccess || s->state != ncclInProgress;
+}
+
+static tcc_result_t still_usable(void *arg, int64_t now) {
+  (void)now;
+  const tcc__ncomm_t *nc = ((settle_t *)arg)->nc;
+  return atomic_load(&nc->aborted) || atomic_load(&nc->comm->aborted) ? TCC_ERR_ABORTED : TCC_OK;
+}
+
+tcc_result_t tcc__ncomm_settle(tcc__ncomm_t *nc, const char *what, const char *call, int64_t deadline_ns,
+                              tcc_err_t *err) {
   tcc_comm_t *comm = nc->comm;
-  if (atomic_load(&nc->aborted) || atomic_load(&comm->aborted)) {
+  settle_t s = {nc, 1, ncclSuccess, ncclSuccess};
+  atomic_uint never_woken = 0; /* NCCL signals nothing: bounded naps */
+  const tcc__idle_wait_t w = {.ready = settled, .check = still_usable, .arg = &s, .max_nap_ns = SETTLE_NAP_NS,
+                              .deadline_ns = deadline_ns, .word = &never_woken};
+  const tcc_result_t r = tcc__idle_wait(&w);
+  if (r == TCC_ERR_TIMEOUT)
+    return tcc__err_set(err, TCC_ERR_TIMEOUT,
+                        "tccomm %s on '%s' (rank %d): %s did not complete in time (%s): a peer may not have "
+                        "joined it",
+                        what, comm->name, comm->rank, call, nc->label);
+  if (r != TCC_OK || !s.entered || still_usable(&s, 0) != TCC_OK) {
     char cause[TCC_ERRLEN];
     tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
     return tcc__err_set(err, code != TCC_OK ? code : TCC_ERR_ABORTED,
                         "tccomm %s on '%s' (rank %d): %s did not complete: %.400s", what, comm->name, comm->rank,
                         call, *cause ? cause : "the communicator was aborted");
   }
-  if (tcc__now_ns() >= deadline_ns)
-    return tcc__err_set(err, TCC_ERR_TIMEOUT,
-                        "tccomm %s on '%s' (rank %d): %s did not complete in time (%s): a peer may not have "
-                        "joined it",
-                        what, comm->name, comm->rank, call, nc->label);
+  if (s.query != ncclSuccess) return tcc__ncomm_failed(nc, what, "ncclCommGetAsyncError", s.query, err);
+  if (s.state != ncclSuccess) return tcc__ncomm_failed(nc, what, call, s.state, err);
   return TCC_OK;
-}
-
-tcc_result_t tcc__ncomm_settle(tcc__ncomm_t *nc, const char *what, const char *call, int64_t deadline_ns,
-                              tcc_err_t *err) {
-  int64_t pause = SETTLE_MIN_NAP_NS;
-  for (;;) {
-    tcc_result_t r = interrupted(nc, what, call, deadline_ns, err);
-    if (r != TCC_OK) return r;
-    if (!tcc__ncomm_enter(nc))
-      return tcc__err_set(err, TCC_ERR_ABORTED, "tccomm %s on '%s' (rank %d): %s did not complete: %s was aborted",
-                          what, nc->comm->name, nc->comm->rank, call, nc->label);
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t q = nc->nccl->CommGetAsyncError(atomic_load(&nc->nc), &state);
-    tcc__ncomm_leave(nc);
-    if (q != ncclSuccess) return tcc__ncomm_failed(nc, what, "ncclCommGetAsyncError", q, err);
-    if (state == ncclSuccess) return TCC_OK;
-    if (state != ncclInProgress) return tcc__ncomm_failed(nc, what, call, state, err);
-    nap(pause);
-    if (pause < SETTLE_MAX_NAP_NS) pause *= 2;
-  }
 }
 
 tcc_result_t tcc__ncomm_create(tcc__ncomm_t *nc, tcc_comm_t *comm, const tcc__nccl_lib_t *lib, const char *label,
@@ -151,7 +161,7 @@ tcc_result_t tcc__ncomm_create(tcc__ncomm_t *nc, tcc_comm_t *comm, const tcc__nc
 void tcc__ncomm_abort(tcc__ncomm_t *nc) {
   if (atomic_exchange(&nc->aborted, 1)) return;
   const int64_t until = tcc__now_ns() + ABORT_GRACE_NS;
-  while (atomic_load(&nc->users) > 0 && tcc__now_ns() < until) nap(SETTLE_MIN_NAP_NS);
+  while (atomic_load(&nc->users) > 0 && tcc__now_ns() < until) nap(SETTLE_NAP_NS);
   ncclComm_t handle = atomic_exchange(&nc->nc, NULL);
   if (handle) nc->nccl->CommAbort(handle);
 }
