@@ -218,6 +218,7 @@ c10::intrusive_ptr<c10d::Backend> TccBackend::split(
   }
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   if (me == ranks.end()) {
+    splitDevice(op, TCC_SPLIT_NOCOLOR, nullptr);
     return nullptr;
   }
   {
@@ -234,7 +235,18 @@ c10::intrusive_ptr<c10d::Backend> TccBackend::split(
     child->options_->group_desc = opts->group_desc;
     child->options_->global_ranks_in_group = opts->global_ranks_in_group;
   }
+  // Splits never overlap, so the lowest rank names one.
+  splitDevice(op, *std::min_element(ranks.begin(), ranks.end()), child->comm_);
   return child;
+}
+
+void TccBackend::splitDevice(const char* op, int color, tcc_comm_t* child) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  checkUsable(op);
+  const tcc_result_t r = tcc_comm_cuda_split(comm_, color, child, nullptr);
+  if (r != TCC_OK) {
+    throwCoreError(r, CallKind::Setup, c10::str("tccomm: ", op, " of '", groupName_, "' (rank ", rank_, ")"));
+  }
 }
 
 TccBackend::~TccBackend() {

@@ -57,7 +57,10 @@ class TccBackend final : public c10d::Backend {
   }
   // The ranks of `ranks` (ranks of this group; the order gives the new
   // ranks) form a new group, created through `store`. Returns null on a
-  // rank that is not among them. Only the members take part.
+  // rank that is not among them. Only the members take part in creating
+  // its host side; once this group has its NCCL communicator, every rank
+  // of this group must call split (as dist.split_group does), since the
+  // child's NCCL communicator is split from it (ProcessGroupNCCL's rule).
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store,
       const std::vector<int>& ranks,
@@ -198,6 +201,9 @@ class TccBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> sparseAllreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
   // Throws unless the communicator can take new ops. Caller holds mutex_.
   void checkUsable(const char* op) const;
+  // The device side of split: the child's NCCL communicator from this
+  // group's (nothing while this group has none). child null: no color.
+  void splitDevice(const char* op, int color, tcc_comm_t* child);
   // Allgather of one tensor into one tensor of size x its elements.
   Step allgatherIntoTensor(const char* op, at::Tensor& output, at::Tensor& input) const;
   // Reduce-scatter of one tensor of size x the output's elements.

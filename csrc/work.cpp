@@ -400,10 +400,25 @@ c10::intrusive_ptr<c10::ivalue::Future> TccWork::getFuture() {
   if (device_ >= 0) {
     std::lock_guard<std::mutex> lock(futureMutex_);
     if (!future_) {
-      // Complete now and device-aware: a consumer's stream waits for the
-      // NCCL stream's work so far, which includes this op (and maybe later
-      // ones: waiting for more is safe, never less).
-      future_ = cuda::completedFuture(outputs_, static_cast<c10::DeviceIndex>(device_), ncclStream_);
+      std::exception_ptr error;
+      {
+        std::lock_guard<std::mutex> errorLock(errorMutex_);
+        error = firstError_;
+      }
+      if (error) {
+        // Already known to have failed: the future says so.
+        future_ = c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()),
+            std::vector<c10::Device>{c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_))});
+        future_->setError(error);
+      } else {
+        // Complete now and device-aware, as ProcessGroupNCCL's: a
+        // consumer's stream waits for the NCCL stream's work so far, which
+        // includes this op (and maybe later ones: waiting for more is safe,
+        // never less). A failure found later reaches the program through
+        // the error policy (README, "CUDA"), as with nccl.
+        future_ = cuda::completedFuture(outputs_, static_cast<c10::DeviceIndex>(device_), ncclStream_);
+      }
     }
     return future_;
   }

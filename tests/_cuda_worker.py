@@ -12,6 +12,10 @@ Scenarios:
             stream semantics, futures, coalescing, bad input
   eager     as `ops` for all_reduce, with init_process_group(device_id=...)
   graph     an all_reduce captured in a CUDA graph, replayed 10 times
+  split     dist.split_group from an eagerly initialised group (its NCCL
+            communicator split from the parent's): ops on the child in the
+            child's rank order, a rank outside gets no group, the parent
+            still works
   ddp       5 DDP steps on CUDA: same parameters as the same run on `nccl`
   timeout   a peer never joins: the op fails after the group's timeout
             naming op, group and rank; the process lives on
@@ -304,6 +308,27 @@ def scenario_graph():
         torch.cuda.synchronize()
         want = float(sum(r + i for r in range(WORLD)))
         assert torch.all(static == want).item(), f"replay {i}: {static[:4]} != {want}"
+
+
+def scenario_split():
+    init(device_id=DEV)
+    ranks = list(range(WORLD - 1, -1, -2))  # reversed; every other rank
+    child = dist.split_group(split_ranks=[ranks], group_desc="odd-one-out")
+    if RANK not in ranks:
+        assert child is None, f"rank {RANK} is outside {ranks} but got a group"
+    else:
+        assert dist.get_process_group_ranks(child) == ranks, dist.get_process_group_ranks(child)
+        t = torch.full((1000,), float(RANK + 1), device=DEV)
+        dist.all_reduce(t, group=child)
+        want = float(sum(r + 1 for r in ranks))
+        assert torch.all(t == want).item(), f"all_reduce on {ranks}: {t[:4]} != {want}"
+        b = torch.full((7,), float(RANK), device=DEV)
+        dist.broadcast(b, group_src=0, group=child)
+        assert torch.all(b == float(ranks[0])).item(), f"broadcast from child rank 0 ({ranks[0]}): {b}"
+    t = torch.full((5,), 1.0, device=DEV)
+    dist.all_reduce(t)
+    assert torch.all(t == float(WORLD)).item(), f"the parent after the split: {t}"
+    torch.cuda.synchronize()
 
 
 def scenario_ddp():

@@ -223,6 +223,12 @@ def test_cuda_graph_capture_and_replay(world):
 
 
 @needs_gpu
+@pytest.mark.parametrize("world", [2, 3])
+def test_split_group_splits_the_nccl_communicator(world):
+    run_scenario("split", world)
+
+
+@needs_gpu
 def test_ddp_matches_nccl():
     run_scenario("ddp", 2)
 

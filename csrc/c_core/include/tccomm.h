@@ -334,6 +334,19 @@ tcc_result_t tcc_nccl_runtime_version(int *version);
 /* Creates the NCCL communicator for `device` now rather than at the first
  * CUDA op. Collective: every rank calls it. */
 tcc_result_t tcc_comm_cuda_init(tcc_comm_t *comm, int device);
+/* Gives `child` its NCCL communicator by splitting `parent`'s
+ * (ncclCommSplit, NCCL >= 2.18): it shares the parent's setup instead of
+ * bootstrapping a new one at its first collective, as ProcessGroupNCCL's
+ * split does. Collective over every rank of `parent`, issued in order with
+ * the parent's ops: a rank outside every child passes child = NULL and
+ * color TCC_SPLIT_NOCOLOR. `color` (>= 0) is the same on the members of one
+ * child and differs between children; the child's ranks order them. Does
+ * nothing (TCC_OK, on every rank alike) while the parent has no NCCL
+ * communicator yet or the NCCL found has no split: the child then sets up
+ * its own at its first CUDA collective. *split_done (may be NULL) says
+ * which. */
+#define TCC_SPLIT_NOCOLOR (-1)
+tcc_result_t tcc_comm_cuda_split(tcc_comm_t *parent, int color, tcc_comm_t *child, int *split_done);
 /* The communicator's CUDA device and the stream (cudaStream_t) of its
  * collectives; -1 / NULL before its group NCCL communicator exists. */
 int tcc_comm_cuda_device(const tcc_comm_t *comm);

@@ -192,6 +192,68 @@ tcc__ncomm_t *tcc__cuda_pair_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, int pe
   return &c->pairs[peer];
 }
 
+/* Why the split cannot be made, or NULL: the caller's arguments. */
+static const char *split_misuse(tcc_comm_t *parent, int color, tcc_comm_t *child) {
+  if (color < TCC_SPLIT_NOCOLOR) return "the color must be >= 0, or TCC_SPLIT_NOCOLOR";
+  if ((color == TCC_SPLIT_NOCOLOR) != (child == NULL))
+    return child ? "a rank with a child must give it a color" : "a rank with a color must give its child";
+  if (child == parent) return "the child is the parent itself";
+  return NULL;
+}
+
+tcc_result_t tcc_comm_cuda_split(tcc_comm_t *parent, int color, tcc_comm_t *child, int *split_done) {
+  const char *what = "cuda_split";
+  tcc_err_t err = {TCC_OK, {0}};
+  if (split_done) *split_done = 0;
+  const char *misuse = split_misuse(parent, color, child);
+  if (misuse)
+    return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s' (rank %d): %s (color %d)", what, parent->name, parent->rank,
+                     misuse, color);
+  pthread_mutex_lock(&nccl_comm_of(parent)->lock);
+  struct tcc__cuda *pc = nccl_state_of(parent);
+  /* Every rank agrees on this: the group communicator is made by the same
+   * collective op on every rank, and ops are issued in the same order. */
+  if (!pc || !atomic_load(&pc->coll_ready) || !pc->nccl->CommSplit) {
+    pthread_mutex_unlock(&nccl_comm_of(parent)->lock);
+    return TCC_OK;
+  }
+  tcc_result_t r = TCC_OK;
+  if (pc->nccl_group_open)
+    r = tcc__err_set(&err, TCC_ERR_INVALID, "tccomm %s on '%s' (rank %d): a group of ops is open on it", what,
+                     parent->name, parent->rank);
+  struct tcc__cuda *cc = NULL;
+  if (r == TCC_OK && child) {
+    pthread_mutex_lock(&nccl_comm_of(child)->lock);
+    cc = tcc__cuda_state_for(child, pc->device, what, &err);
+    if (cc && atomic_load(&cc->coll_ready))
+      tcc__err_set(&err, TCC_ERR_INVALID, "tccomm %s: '%s' (rank %d) already has its NCCL communicator", what,
+                   child->name, child->rank);
+    r = cc && !atomic_load(&cc->coll_ready) ? TCC_OK : err.code;
+  }
+  if (r == TCC_OK) {
+    char label[64];
+    snprintf(label, sizeof label, "the group's NCCL communicator (split)");
+    int prev = pc->device;
+    cudaError_t e = tcc__cuda_enter_device(pc->device, &prev);
+    if (e != cudaSuccess)
+      r = tcc__err_set(&err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): cannot use CUDA device %d: %s", what,
+                       parent->name, parent->rank, pc->device, cudaGetErrorString(e));
+    else
+      r = tcc__ncomm_split(&pc->coll, cc ? &cc->coll : NULL, child, label, color, child ? child->rank : 0, what,
+                           tcc__deadline_after_ms(atomic_load(&parent->timeout_ms)), &err);
+    tcc__cuda_leave_device(pc->device, prev);
+    /* A split NCCL started and did not finish leaves the parent's
+     * communicator in the middle of it: the parent is unusable. */
+    if (e == cudaSuccess && r != TCC_OK && r != TCC_ERR_INVALID && r != TCC_ERR_MISMATCH)
+      tcc__comm_fail(parent, r, err.msg);
+    if (r == TCC_OK && cc) atomic_store(&cc->coll_ready, 1);
+  }
+  if (child) pthread_mutex_unlock(&nccl_comm_of(child)->lock);
+  pthread_mutex_unlock(&nccl_comm_of(parent)->lock);
+  if (r == TCC_OK && split_done) *split_done = 1;
+  return r == TCC_OK ? TCC_OK : tcc__fail_with(&err, r);
+}
+
 void tcc__cuda_each_ncomm(tcc_comm_t *comm, struct tcc__cuda *c, void (*fn)(tcc__ncomm_t *nc, void *arg), void *arg) {
   (void)comm; /* may be gone: a graph can hold the state longer */
   if (atomic_load(&c->coll_ready)) fn(&c->coll, arg);

@@ -74,6 +74,8 @@ static void load(void) {
   bad |= resolve(h, "ncclGetUniqueId", &lib.GetUniqueId, 1);
   bad |= resolve(h, "ncclCommInitRank", &lib.CommInitRank, 1);
   bad |= resolve(h, "ncclCommDestroy", &lib.CommDestroy, 1);
+  bad |= resolve(h, "ncclCommCount", &lib.CommCount, 1);
+  bad |= resolve(h, "ncclCommUserRank", &lib.CommUserRank, 1);
   bad |= resolve(h, "ncclCommAbort", &lib.CommAbort, 1);
   bad |= resolve(h, "ncclCommGetAsyncError", &lib.CommGetAsyncError, 1);
   bad |= resolve(h, "ncclGroupStart", &lib.GroupStart, 1);
@@ -91,6 +93,7 @@ static void load(void) {
     resolve(h, "ncclRedOpDestroy", &lib.RedOpDestroy, 0);
   }
   if (lib.version >= TCC_NCCL_CONFIG_VERSION) resolve(h, "ncclCommInitRankConfig", &lib.CommInitRankConfig, 0);
+  if (lib.version >= TCC_NCCL_SPLIT_VERSION) resolve(h, "ncclCommSplit", &lib.CommSplit, 0);
   /* Newer collectives: absent symbols leave NULL (grouped send/recv instead). */
   resolve(h, "ncclAlltoAll", &lib.AlltoAll, 0);
   resolve(h, "ncclGather", &lib.Gather, 0);

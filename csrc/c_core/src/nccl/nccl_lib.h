@@ -23,7 +23,11 @@ typedef struct tcc__nccl_lib {
   ncclResult_t (*CommInitRank)(ncclComm_t *, int, ncclUniqueId, int);
   /* NULL before 2.14: no nonblocking communicators (ncomm.c) */
   ncclResult_t (*CommInitRankConfig)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *); /* 2.14 */
+  /* NULL before 2.18: subgroups bootstrap their own communicator */
+  ncclResult_t (*CommSplit)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *); /* 2.18 */
   ncclResult_t (*CommDestroy)(ncclComm_t);
+  ncclResult_t (*CommCount)(const ncclComm_t, int *);
+  ncclResult_t (*CommUserRank)(const ncclComm_t, int *);
   ncclResult_t (*CommAbort)(ncclComm_t);
   ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
   ncclResult_t (*GroupStart)(void);
@@ -55,6 +59,7 @@ typedef struct tcc__nccl_lib {
 #define TCC_NCCL_AVG_VERSION TCC_NCCL_V(2, 10, 0)
 #define TCC_NCCL_PREMUL_VERSION TCC_NCCL_V(2, 11, 0)
 #define TCC_NCCL_CONFIG_VERSION TCC_NCCL_V(2, 14, 0) /* ncclCommInitRankConfig, nonblocking */
+#define TCC_NCCL_SPLIT_VERSION TCC_NCCL_V(2, 18, 0)  /* ncclCommSplit (with a config) */
 
 /* A code of ncclGetVersion in the 2.9+ scheme: before 2.9 NCCL reported
  * major*1000 + minor*100 + patch (2.8.4 was 2804). */

@@ -107,15 +107,15 @@ tcc_result_t tcc__ncomm_settle(tcc__ncomm_t *nc, const char *what, const char *c
   return TCC_OK;
 }
 
-tcc_result_t tcc__ncomm_create(tcc__ncomm_t *nc, tcc_comm_t *comm, const tcc__nccl_lib_t *lib, const char *label,
-                              int nranks, const ncclUniqueId *id, int rank, const char *what, int64_t deadline_ns,
-                              tcc_err_t *err) {
+/* The first step of making nc: its identity and its stream. The stream
+ * exists before NCCL does, so a failed setup leaves nothing else to undo. */
+static tcc_result_t ncomm_begin(tcc__ncomm_t *nc, tcc_comm_t *comm, const tcc__nccl_lib_t *lib, const char *label,
+                                const char *what, tcc_err_t *err) {
   /* No memset: an abort racing with this setup may already have raised
    * nc->aborted, and the setup must then fail, not forget it. */
   nc->nccl = lib;
   nc->comm = comm;
   snprintf(nc->label, sizeof nc->label, "%s", label);
-  /* The stream exists before NCCL does, so a failed setup leaves nothing else to undo. */
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
   cudaError_t e = cudaStreamCreateWithFlags(&nc->stream, cudaStreamNonBlocking);
@@ -123,6 +123,42 @@ tcc_result_t tcc__ncomm_create(tcc__ncomm_t *nc, tcc_comm_t *comm, const tcc__nc
   if (e != cudaSuccess)
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): creating the stream of %s failed: %s",
                         what, comm->name, comm->rank, label, cudaGetErrorString(e));
+  return TCC_OK;
+}
+
+/* Undoes ncomm_begin and whatever NCCL made of `handle`. Not
+ * tcc__ncomm_abort: an abort that ran before the handle was published
+ * found none, and this one must still go. */
+static void ncomm_undo(tcc__ncomm_t *nc, ncclComm_t handle) {
+  atomic_store(&nc->aborted, 1);
+  ncclComm_t published = atomic_exchange(&nc->nc, NULL);
+  if (published) handle = published;
+  if (handle) nc->nccl->CommAbort(handle);
+  cudaStreamDestroy(nc->stream);
+  nc->stream = NULL;
+}
+
+/* The last step: publishes the handle NCCL returned (r) for `call` and
+ * waits until NCCL finished making it. */
+static tcc_result_t ncomm_finish(tcc__ncomm_t *nc, ncclComm_t handle, ncclResult_t r, const char *call,
+                                 const char *what, int64_t deadline_ns, tcc_err_t *err) {
+  tcc_comm_t *comm = nc->comm;
+  if (r != ncclSuccess && r != ncclInProgress) {
+    ncomm_undo(nc, handle);
+    return tcc__err_set(err, r == ncclInvalidArgument || r == ncclInvalidUsage ? TCC_ERR_INVALID : TCC_ERR_SYSTEM,
+                        "tccomm %s on '%s' (rank %d): %s for %s failed: %s", what, comm->name, comm->rank, call,
+                        nc->label, nc->nccl->GetErrorString(r));
+  }
+  atomic_store(&nc->nc, handle);
+  const tcc_result_t res = tcc__ncomm_settle(nc, what, call, deadline_ns, err);
+  if (res != TCC_OK) ncomm_undo(nc, NULL);
+  return res;
+}
+
+tcc_result_t tcc__ncomm_create(tcc__ncomm_t *nc, tcc_comm_t *comm, const tcc__nccl_lib_t *lib, const char *label,
+                              int nranks, const ncclUniqueId *id, int rank, const char *what, int64_t deadline_ns,
+                              tcc_err_t *err) {
+  if (ncomm_begin(nc, comm, lib, label, what, err) != TCC_OK) return err->code;
   ncclComm_t handle = NULL;
   ncclResult_t r;
   const char *call;
@@ -138,24 +174,55 @@ tcc_result_t tcc__ncomm_create(tcc__ncomm_t *nc, tcc_comm_t *comm, const tcc__nc
     call = "ncclCommInitRank";
     r = lib->CommInitRank(&handle, nranks, *id, rank);
   }
+  return ncomm_finish(nc, handle, r, call, what, deadline_ns, err);
+}
+
+tcc_result_t tcc__ncomm_split(tcc__ncomm_t *parent, tcc__ncomm_t *nc, tcc_comm_t *comm, const char *label, int color,
+                             int key, const char *what, int64_t deadline_ns, tcc_err_t *err) {
+  const char *call = "ncclCommSplit";
+  tcc_comm_t *pcomm = parent->comm;
+  if (nc && ncomm_begin(nc, comm, parent->nccl, label, what, err) != TCC_OK) return err->code;
+  if (!tcc__ncomm_enter(parent)) {
+    if (nc) ncomm_undo(nc, NULL);
+    char cause[TCC_ERRLEN];
+    const tcc_result_t code = tcc__comm_failure(pcomm, cause, sizeof cause);
+    return tcc__err_set(err, code != TCC_OK ? code : TCC_ERR_ABORTED,
+                        "tccomm %s on '%s' (rank %d): cannot split %s: it was aborted%s%.400s", what, pcomm->name,
+                        pcomm->rank, parent->label, *cause ? ": " : "", cause);
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = parent->nonblocking ? 0 : 1; /* as the parent: NCCL_COMM_BLOCKING changes nothing */
+  ncclComm_t handle = NULL;
+  ncclResult_t r = parent->nccl->CommSplit(atomic_load(&parent->nc), color, key, &handle, &config);
+  tcc__ncomm_leave(parent);
   if (r != ncclSuccess && r != ncclInProgress) {
-    if (handle) lib->CommAbort(handle);
-    cudaStreamDestroy(nc->stream);
-    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): %s for %s failed: %s", what, comm->name,
-                        comm->rank, call, label, lib->GetErrorString(r));
+    tcc__ncomm_failed(parent, what, call, r, err);
+    if (nc) ncomm_undo(nc, handle);
+    return err->code;
   }
-  atomic_store(&nc->nc, handle);
-  tcc_result_t res = tcc__ncomm_settle(nc, what, call, deadline_ns, err);
-  if (res != TCC_OK) {
-    /* Not tcc__ncomm_abort: an abort that ran before the store above found
-     * no handle, and this one must still go. */
-    atomic_store(&nc->aborted, 1);
-    ncclComm_t h = atomic_exchange(&nc->nc, NULL);
-    if (h) lib->CommAbort(h);
-    cudaStreamDestroy(nc->stream);
-    nc->stream = NULL;
+  /* NCCL works on the split in the background: the parent takes no other
+   * call until it is done (as ProcessGroupNCCL waits on it), and neither
+   * does the child. */
+  if (r == ncclInProgress && tcc__ncomm_settle(parent, what, call, deadline_ns, err) != TCC_OK) {
+    if (nc) ncomm_undo(nc, handle);
+    return err->code;
   }
-  return res;
+  if (!nc) return TCC_OK;
+  nc->nonblocking = parent->nonblocking;
+  if (ncomm_finish(nc, handle, ncclSuccess, call, what, deadline_ns, err) != TCC_OK) return err->code;
+  /* The ranks that gave this color must be the child's, in its order. */
+  int n = -1, rank = -1;
+  if (tcc__ncomm_enter(nc)) {
+    nc->nccl->CommCount(atomic_load(&nc->nc), &n);
+    nc->nccl->CommUserRank(atomic_load(&nc->nc), &rank);
+    tcc__ncomm_leave(nc);
+  }
+  if (n == comm->size && rank == key) return TCC_OK;
+  ncomm_undo(nc, NULL);
+  return tcc__err_set(err, TCC_ERR_MISMATCH,
+                      "tccomm %s on '%s' (rank %d): the ranks disagree on the split: color %d gave an NCCL "
+                      "communicator of %d rank(s) in which this one is %d, but '%s' has %d rank(s) and this one is %d",
+                      what, pcomm->name, pcomm->rank, color, n, rank, comm->name, comm->size, key);
 }
 
 void tcc__ncomm_abort(tcc__ncomm_t *nc) {

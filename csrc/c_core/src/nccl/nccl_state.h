@@ -140,6 +140,11 @@ tcc_result_t tcc__cuda_keep_for_graph(struct tcc__cuda *c, cudaStream_t stream);
 tcc_result_t tcc__ncomm_create(tcc__ncomm_t *nc, tcc_comm_t *comm, const tcc__nccl_lib_t *lib, const char *label,
                               int nranks, const ncclUniqueId *id, int rank, const char *what, int64_t deadline_ns,
                               tcc_err_t *err);
+/* Makes nc (NULL: this rank takes part in no child) by splitting `parent`
+ * (ncclCommSplit, collective over parent's ranks); `comm` is the child's
+ * communicator, for messages. Bounded by deadline_ns like create. */
+tcc_result_t tcc__ncomm_split(tcc__ncomm_t *parent, tcc__ncomm_t *nc, tcc_comm_t *comm, const char *label, int color,
+                             int key, const char *what, int64_t deadline_ns, tcc_err_t *err);
 /* 1 when a call may be made on nc (then tcc__ncomm_leave after it); 0 once aborted. */
 int tcc__ncomm_enter(tcc__ncomm_t *nc);
 void tcc__ncomm_leave(tcc__ncomm_t *nc);

@@ -37,6 +37,14 @@ tcc_result_t tcc_comm_cuda_synchronize(tcc_comm_t *comm, int64_t timeout_ms) {
   return TCC_OK; /* no CUDA op can have been issued */
 }
 
+tcc_result_t tcc_comm_cuda_split(tcc_comm_t *parent, int color, tcc_comm_t *child, int *split_done) {
+  (void)parent;
+  (void)color;
+  (void)child;
+  if (split_done) *split_done = 0;
+  return TCC_OK; /* no NCCL communicator to split: nothing to share */
+}
+
 /* A CUDA buffer is refused by none_accepts when the op is validated, so
  * nothing reaches the rest; they fail safely if it does. */
 static tcc_result_t none_attach(tcc_comm_t *comm, tcc_err_t *err) {

@@ -118,6 +118,70 @@ static void nested_groups(gpu_rank_t *g, tcc_comm_t *b) {
   finish_allreduce(g, &pb, 4, "allreduce on B");
 }
 
+/* The embedding program's allocator, counting what the core's staging
+ * takes and gives back. */
+static int staged_allocs, staged_frees;
+
+static void *count_alloc(void *ctx, size_t bytes, int device, void *stream) {
+  (void)ctx;
+  (void)device;
+  void *p = NULL;
+  if (cudaMallocAsync(&p, bytes, (cudaStream_t)stream) != cudaSuccess) return NULL;
+  staged_allocs++;
+  return p;
+}
+
+static void count_free(void *ctx, void *ptr, int device, void *stream) {
+  (void)ctx;
+  (void)device;
+  staged_frees++;
+  cudaFreeAsync(ptr, (cudaStream_t)stream);
+}
+
+/* ncclGroupEnd fails (on every rank: nothing launches anywhere): every op
+ * of the group fails saying so, and the staging memory of the list-form
+ * allgather in it goes back to the allocator, in order on the stream. */
+static void group_end_fails(gpu_rank_t *g) {
+  const int n = g->size;
+  const tcc_device_allocator_t a = {count_alloc, count_free, NULL};
+  tcc_set_device_allocator(&a);
+  staged_allocs = staged_frees = 0;
+  float *in = dev_alloc(COUNT * 4), *parts[8];
+  tcc_buf_t outs[8];
+  for (int j = 0; j < n; j++) {
+    parts[j] = dev_alloc(COUNT * 4);
+    outs[j] = dbuf(g, parts[j], COUNT, TCC_FLOAT32);
+  }
+  CHECK(tcc_comm_group_start(g->comm) == TCC_OK, "group start");
+  tcc_op_t *gather = NULL;
+  CHECK(tcc_allgather(g->comm, dbuf(g, in, COUNT, TCC_FLOAT32), outs, NULL, &gather) == TCC_OK,
+        "allgather in a group: %s", tcc_last_error());
+  pending_t reduce = issue_allreduce(g, g->comm, 0);
+  CHECK(staged_allocs == 1, "the list-form allgather staged %d time(s)", staged_allocs);
+  fake_nccl_inject("ncclGroupEnd", 1, FAKE_NCCL_FAIL);
+  char rank_s[16];
+  snprintf(rank_s, sizeof rank_s, "rank %d", g->rank);
+  const tcc_result_t r = tcc_comm_group_end(g->comm);
+  CHECK(r != TCC_OK && strstr(tcc_last_error(), "ncclGroupEnd") && strstr(tcc_last_error(), "fake-gpu-groups") &&
+            strstr(tcc_last_error(), rank_s),
+        "a failed ncclGroupEnd: %s", tcc_last_error());
+  tcc_op_t *ops[2] = {gather, reduce.op};
+  for (int k = 0; k < 2; k++)
+    if (ops[k]) {
+      CHECK(tcc_op_wait(ops[k], 5000) != TCC_OK && strstr(tcc_op_error(ops[k]), "ncclGroupEnd"),
+            "op %d of a group that never launched: %s", k, tcc_op_error(ops[k]));
+      tcc_op_release(ops[k]);
+    }
+  CHECK(staged_frees == staged_allocs, "staging of a group that never launched: %d taken, %d given back",
+        staged_allocs, staged_frees);
+  tcc_set_device_allocator(NULL);
+  fake_nccl_clear_faults();
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "device sync");
+  for (int j = 0; j < n; j++) cudaFree(parts[j]);
+  cudaFree(in);
+  cudaFree(reduce.dev);
+}
+
 static void rank_main(tcc_comm_t *comm) {
   alarm(120);
   gpu_rank_t g = gpu_rank_open(comm);
@@ -136,6 +200,7 @@ static void rank_main(tcc_comm_t *comm) {
     nested_groups(&g, b);
     tcc_comm_destroy(b);
   }
+  group_end_fails(&g); /* last: what NCCL is left in after it is not a test of anything */
   gpu_rank_close(&g);
 }
 
