@@ -87,5 +87,7 @@ void tcc__coll_release(tcc_comm_t *comm);
  * failed. Only the thread holding the collective queue calls it. */
 tcc_result_t tcc__coll_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                            tcc_err_t *err);
+/* The name of the algorithm tcc__coll_run will run c with (for logs). */
+const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c);
 
 #endif /* TCC_COLL_COLL_H */

@@ -47,4 +47,8 @@ tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
 tcc_result_t tcc__coll_stream_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                   tcc_err_t *err);
 
+/* coll_staged.c: whether a reduction of `bytes` goes one-shot (every rank
+ * reduces everything) rather than pipelined, given the spans' one-shot limit. */
+bool tcc__coll_staged_one_shot(tcc_coll_kind_t kind, size_t bytes, size_t small_bytes);
+
 #endif /* TCC_COLL_SCRATCH_H */

@@ -8,6 +8,25 @@
 #include <stdlib.h>
 
 #include "coll/coll_scratch.h"
+#include "coll/stream_xfer.h"
+#include "core/log.h"
+
+/* INFO: the sizes at which the algorithms change, as this communicator
+ * will use them (the shm ones are rank 0's, carried to every rank). */
+static void log_thresholds(tcc_comm_t *comm) {
+  const tcc__spans_ops_t *sp = comm->ops->spans;
+  if (sp)
+    TCC_LOG_INFO(comm->rank,
+                 "communicator '%s' algorithms over %s staging spans: reductions up to %zu bytes one-shot "
+                 "(TCCOMM_SHM_SMALL_BYTES), larger ones pipelined reduce-scatter + all-gather in %zu-byte "
+                 "windows (TCCOMM_SHM_WINDOW_BYTES); data movement in the same windows",
+                 comm->name, comm->ops->name, sp->one_shot_bytes(comm), sp->window_bytes(comm));
+  else if (comm->ops->streams)
+    TCC_LOG_INFO(comm->rank,
+                 "communicator '%s' algorithms over %s streams: direct exchange between every pair; reductions "
+                 "reduce-scatter + all-gather pipelined in %zu-byte segments",
+                 comm->name, comm->ops->name, tcc__stream_segment_bytes(comm->size));
+}
 
 tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
   const size_t n = (size_t)comm->size;
@@ -30,6 +49,7 @@ tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
     tcc__coll_release(comm);
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): out of memory", comm->name, comm->rank);
   }
+  if (TCC__LOG_ON(TCC__LOG_INFO)) log_thresholds(comm);
   return TCC_OK;
 }
 
@@ -48,6 +68,27 @@ void tcc__coll_release(tcc_comm_t *comm) {
   free(s->poll_revents);
   free(s);
   comm->coll_scratch = NULL;
+}
+
+/* Mirrors the choices of tcc__coll_run and of the algorithms below it; the
+ * one size-dependent choice is made by the same function in both. */
+const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c) {
+  const int reduction = c->kind == TCC_COLL_ALLREDUCE || c->kind == TCC_COLL_REDUCE || c->kind == TCC_COLL_REDUCE_SCATTER;
+  if (comm->ops->spans) {
+    if (c->kind == TCC_COLL_BARRIER) return "spans stage barrier";
+    if (!reduction) return "spans windowed copy";
+    if (tcc__coll_staged_one_shot(c->kind, c->count * tcc_dtype_size(c->dtype), comm->ops->spans->one_shot_bytes(comm)))
+      return "spans one-shot reduction";
+    return c->kind == TCC_COLL_REDUCE_SCATTER ? "spans pipelined reduce-scatter" : "spans pipelined reduce-scatter + all-gather";
+  }
+  if (comm->ops->streams) {
+    if (c->kind == TCC_COLL_BARRIER) return "streams descriptor exchange";
+    if (!reduction) return "streams direct exchange";
+    return c->kind == TCC_COLL_ALLREDUCE ? "streams reduce-scatter + all-gather"
+           : c->kind == TCC_COLL_REDUCE  ? "streams reduce-scatter + gather"
+                                         : "streams reduce-scatter";
+  }
+  return "none";
 }
 
 tcc_result_t tcc__coll_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,

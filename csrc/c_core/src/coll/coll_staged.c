@@ -274,11 +274,15 @@ static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_c
   return TCC_OK;
 }
 
+bool tcc__coll_staged_one_shot(tcc_coll_kind_t kind, size_t bytes, size_t small_bytes) {
+  return kind != TCC_COLL_REDUCE_SCATTER && bytes <= small_bytes;
+}
+
 static tcc_result_t run_reduction(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, uint64_t seq,
                                   int64_t deadline, tcc_err_t *err) {
   const int n = comm->size, me = comm->rank;
   const size_t es = tcc_dtype_size(c->dtype);
-  if (c->kind != TCC_COLL_REDUCE_SCATTER && c->count * es <= st->small_bytes)
+  if (tcc__coll_staged_one_shot(c->kind, c->count * es, st->small_bytes))
     return reduce_one_shot(comm, st, c, seq, deadline, err);
 
   parts_t pt = {st->sc->part_src, st->sc->part_out, st->sc->part_len, c->kind == TCC_COLL_REDUCE_SCATTER};

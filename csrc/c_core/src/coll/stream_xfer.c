@@ -28,13 +28,18 @@ void tcc__stream_xfer_prefix(const stream_xfer_t *x, char *buf, size_t len) {
 
 /* ---- the reducer ------------------------------------------------------ */
 
+size_t tcc__stream_segment_bytes(int n) {
+  size_t seg = SLOT_BUDGET / (2 * (size_t)n);
+  if (seg < SEG_MIN) seg = SEG_MIN;
+  if (seg > SEG_MAX) seg = SEG_MAX;
+  return seg;
+}
+
 tcc_result_t tcc__stream_reducer_alloc(stream_xfer_t *x, size_t chunk, bool need_staging,
                                tcc_err_t *err) {
   stream_reducer_t *r = &x->red;
   int n = x->comm->size;
-  size_t seg = SLOT_BUDGET / (2 * (size_t)n);
-  if (seg < SEG_MIN) seg = SEG_MIN;
-  if (seg > SEG_MAX) seg = SEG_MAX;
+  size_t seg = tcc__stream_segment_bytes(n);
   seg -= seg % r->esize;
   /* small messages need no more than their own size */
   if (chunk < seg) seg = chunk;

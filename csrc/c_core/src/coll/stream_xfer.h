@@ -57,6 +57,9 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
 tcc_result_t tcc__stream_reducer_alloc(stream_xfer_t *x, size_t chunk, bool need_staging,
                                tcc_err_t *err);
 void tcc__stream_reducer_free(stream_reducer_t *red);
+/* The pipeline segment of a reduction on n ranks, in bytes (each chunk's
+ * own size when smaller, rounded down to whole elements). */
+size_t tcc__stream_segment_bytes(int n);
 /* "tcp allreduce #7 on communicator 'g' rank 2" (the transport's name first) */
 void tcc__stream_xfer_prefix(const stream_xfer_t *x, char *buf, size_t len);
 

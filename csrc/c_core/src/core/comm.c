@@ -11,11 +11,14 @@
 #include <unistd.h>
 
 #include "core/executor.h"
+#include "core/log.h"
 #include "transport/transport.h"
 
 /* ---- failure state ---------------------------------------------------- */
 
-void tcc__comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
+/* Records the communicator's first failure and wakes every thread; 1 when
+ * this call was the first. */
+static int record_failure(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
   pthread_mutex_lock(&comm->fail_lock);
   int first = !atomic_load(&comm->aborted);
   if (first) {
@@ -28,6 +31,14 @@ void tcc__comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
     tcc__host_executor.wake(comm);
     tcc__device_executor.wake(comm); /* aborts what cannot end otherwise */
   }
+  return first;
+}
+
+void tcc__comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
+  /* Only the first failure: the ones after it are its consequences. */
+  if (record_failure(comm, code, msg))
+    TCC_LOG_WARN(comm->rank, "communicator '%s' failed (%s): %s", comm->name, tcc_result_string(code),
+                 msg ? msg : tcc_result_string(code));
 }
 
 tcc_result_t tcc__comm_failure(tcc_comm_t *comm, char *msg, size_t len) {
@@ -59,6 +70,7 @@ tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
   tcc_blob_t *blobs = NULL;
   tcc_comm_t *comm = NULL;
   *out = NULL;
+  tcc__log_setup();
   if (!cfg || !ep || !blobs_raw || cfg->size < 1 || cfg->size > TCC_MAX_RANKS || cfg->rank < 0 ||
       cfg->rank >= cfg->size) {
     tcc__err_set(&err, TCC_ERR_INVALID, "tccomm: invalid communicator config (rank %d, size %d)",
@@ -107,6 +119,8 @@ tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
     goto fail;
   }
   free(blobs);
+  TCC_LOG_INFO(comm->rank, "communicator '%s' created: rank %d of %d, transport %s, timeout %lld ms", comm->name,
+               comm->rank, comm->size, comm->ops->name, (long long)atomic_load(&comm->timeout_ms));
   *out = comm;
   return TCC_OK;
 
@@ -120,6 +134,8 @@ fail:
     free(comm);
   }
   free(blobs);
+  TCC_LOG_WARN(cfg ? cfg->rank : -1, "communicator '%s' could not be created: %s",
+               cfg && cfg->name && *cfg->name ? cfg->name : "tccomm", err.msg[0] ? err.msg : "unknown cause");
   return tcc__fail_with(&err, err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM);
 }
 
@@ -158,7 +174,10 @@ void tcc_comm_destroy(tcc_comm_t *comm) {
   char msg[TCC_ERRLEN];
   snprintf(msg, sizeof msg, "communicator '%s' was destroyed on rank %d while the op was pending",
            comm->name, comm->rank);
-  tcc__comm_fail(comm, TCC_ERR_ABORTED, msg);
+  /* Not a failure (no warning): the owner is done with the communicator. */
+  record_failure(comm, TCC_ERR_ABORTED, msg);
+  TCC_LOG_INFO(comm->rank, "communicator '%s' destroyed: rank %d of %d, %llu collectives issued", comm->name,
+               comm->rank, comm->size, (unsigned long long)atomic_load(&comm->coll_issued));
   /* The device first: its watchdog may still fail ops that reach the host side. */
   tcc__device_executor.stop(comm);
   tcc__host_executor.stop(comm);

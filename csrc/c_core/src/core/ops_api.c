@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/executor.h"
+#include "core/log.h"
 
 /* Checks shared by every op; `what` names the op in messages. */
 static tcc_result_t check_usable(tcc_comm_t *comm, const char *what) {
@@ -124,6 +125,40 @@ static int own_arrays(tcc_op_t *op, int n, const tcc_buf_t *sends, const tcc_buf
   return 0;
 }
 
+static int has_root(tcc_coll_kind_t kind) {
+  return kind == TCC_COLL_BROADCAST || kind == TCC_COLL_REDUCE || kind == TCC_COLL_GATHER || kind == TCC_COLL_SCATTER;
+}
+
+/* TRACE: one line per op as issued. Reads only what the executor never
+ * changes, and a collective's sequence number, which submit assigned in
+ * this thread (a p2p op's is the p2p thread's: not read here). */
+static void trace_issued(tcc_comm_t *comm, const tcc_op_t *op) {
+  char mem[48];
+  describe_memory(op->device, mem, sizeof mem);
+  if (op->kind != TCC_OP_COLL) {
+    char peer[32];
+    if (op->peer == TCC_ANY_SOURCE) snprintf(peer, sizeof peer, "any source");
+    else snprintf(peer, sizeof peer, "peer %d", op->peer);
+    TCC_LOG_TRACE(comm->rank, "%s on '%s': %zu bytes, %s %s tag %llu, %s, executor %s, algorithm %s p2p",
+                  tcc__op_name(op), comm->name, op->bytes, op->kind == TCC_OP_SEND ? "to" : "from", peer,
+                  (unsigned long long)op->tag, mem, op->exec->name, op->device < 0 ? tcc_comm_transport_name(comm) : op->exec->name);
+    return;
+  }
+  char seq[32] = "";
+  if (op->seq) snprintf(seq, sizeof seq, " #%llu", (unsigned long long)op->seq);
+  const tcc_coll_t *c = &op->coll;
+  size_t count = c->count;
+  if (c->kind == TCC_COLL_ALLTOALL) /* per-peer counts: what this rank sends in all */
+    for (int j = 0; j < comm->size; j++) count += c->send_counts[j];
+  char root[32] = "";
+  if (has_root(c->kind)) snprintf(root, sizeof root, ", root %d", c->root);
+  /* The device executor's library picks its own algorithm. */
+  const char *algorithm = op->device < 0 ? tcc__coll_algorithm(comm, c) : op->exec->name;
+  TCC_LOG_TRACE(comm->rank, "%s%s on '%s': %s count %zu (%zu bytes)%s, %s, executor %s, algorithm %s",
+                tcc__coll_name(c->kind), seq, comm->name, tcc_dtype_name(c->dtype), count,
+                count * tcc_dtype_size(c->dtype), root, mem, op->exec->name, algorithm);
+}
+
 /* Hands a built op to its executor: host memory to the host executor,
  * device memory to the device executor; `where` (any buffer of the op)
  * also carries the caller's stream. */
@@ -136,6 +171,7 @@ static tcc_result_t submit_op(tcc_comm_t *comm, tcc_op_t *op, tcc_buf_t where, t
     tcc_op_release(op);
     return tcc__fail_with(&err, r);
   }
+  if (TCC__LOG_ON(TCC__LOG_TRACE)) trace_issued(comm, op);
   *out = op;
   return TCC_OK;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/log.h"
 #include "core/mutation.h"
 #include "host/host.h"
 
@@ -41,6 +42,8 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
    * communicator stays usable; anything else leaves ranks out of step. */
   if (r != TCC_OK && r != TCC_ERR_MISMATCH && r != TCC_ERR_INVALID && r != TCC_ERR_UNSUPPORTED)
     tcc__comm_fail(comm, r, err.msg);
+  else if (r != TCC_OK)
+    TCC_LOG_WARN(comm->rank, "%s (the communicator stays usable)", err.msg);
   tcc__op_finish(op, r, err.msg);
 }
 

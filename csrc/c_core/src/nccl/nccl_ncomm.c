@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "core/idle_wait.h"
+#include "core/log.h"
 #include "nccl/nccl_state.h"
 
 /* How long abort waits for the calls in flight to leave the handle before
@@ -152,6 +153,8 @@ static tcc_result_t ncomm_finish(tcc__ncomm_t *nc, ncclComm_t handle, ncclResult
   atomic_store(&nc->nc, handle);
   const tcc_result_t res = tcc__ncomm_settle(nc, what, call, deadline_ns, err);
   if (res != TCC_OK) ncomm_undo(nc, NULL);
+  else TCC_LOG_INFO(comm->rank, "communicator '%s': %s made %s (%s) for %s", comm->name, call, nc->label,
+                    nc->nonblocking ? "nonblocking" : "blocking", what);
   return res;
 }
 

@@ -2,9 +2,11 @@
  * select.c - which transport a new group uses, decided alike on every rank
  * from the same endpoint blobs, and the one place that sets each up.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/log.h"
 #include "transport/transport.h"
 
 static int same_host(const tcc_blob_t *a, const tcc_blob_t *b) {
@@ -33,9 +35,37 @@ tcc_result_t tcc__blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc
   return TCC_OK;
 }
 
+/* What the blobs say about where the ranks are: all sharing one /dev/shm,
+ * or the first rank on another host, or the first on this host with a
+ * /dev/shm of its own. -1: none such. */
+static void describe_topology(int n, const tcc_blob_t *blobs, int other_host, int other_shm, char *out, size_t len) {
+  if (other_host >= 0)
+    snprintf(out, len, "rank %d is on another host (%s; rank 0 is on %s)", other_host, blobs[other_host].hostname,
+             blobs[0].hostname);
+  else if (other_shm >= 0)
+    snprintf(out, len, "rank %d is on host %s but does not share /dev/shm with rank 0 (another container or mount namespace)",
+             other_shm, blobs[0].hostname);
+  else
+    snprintf(out, len, "all %d ranks on host %s share /dev/shm", n, blobs[0].hostname);
+}
+
+/* INFO: the transport and why, so a slow job's log shows at once whether
+ * it fell back to TCP. forced_by: what forced it, or NULL when chosen. */
+static void log_choice(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs, tcc_transport_t t, const char *forced_by,
+                       int other_host, int other_shm) {
+  char where[256];
+  describe_topology(cfg->size, blobs, other_host, other_shm, where, sizeof where);
+  const char *name = cfg->name && *cfg->name ? cfg->name : "tccomm";
+  const char *tname = t == TCC_TRANSPORT_SHM ? "shm" : "tcp";
+  if (forced_by) TCC_LOG_INFO(cfg->rank, "communicator '%s': transport %s forced by %s; %s", name, tname, forced_by, where);
+  else TCC_LOG_INFO(cfg->rank, "communicator '%s': %s: %s", name, where, tname);
+}
+
 tcc_result_t tcc__comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
                                        tcc_transport_t *out, tcc_err_t *err) {
   tcc_transport_t t = cfg->transport;
+  const char *forced_by = t == TCC_TRANSPORT_AUTO ? NULL : "the caller's config";
+  char env_forced[64];
   if (t == TCC_TRANSPORT_AUTO) {
     const char *env = getenv("TCCOMM_TRANSPORT");
     if (!env || !*env || strcmp(env, "auto") == 0) t = TCC_TRANSPORT_AUTO;
@@ -44,11 +74,17 @@ tcc_result_t tcc__comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_
     else
       return tcc__err_set(err, TCC_ERR_INVALID,
                          "tccomm: TCCOMM_TRANSPORT='%s' is not one of auto, shm, tcp", env);
+    if (t != TCC_TRANSPORT_AUTO) {
+      snprintf(env_forced, sizeof env_forced, "TCCOMM_TRANSPORT=%s", env);
+      forced_by = env_forced;
+    }
   }
-  int hosts = 1, shared = 1;
+  int hosts = 1, shared = 1, other_host = -1, other_shm = -1;
   for (int r = 1; r < cfg->size; r++) {
     hosts &= same_host(&blobs[0], &blobs[r]);
     shared &= same_shm(&blobs[0], &blobs[r]);
+    if (!hosts && other_host < 0) other_host = r;
+    if (!shared && other_shm < 0) other_shm = r;
   }
   if (t == TCC_TRANSPORT_AUTO) t = shared ? TCC_TRANSPORT_SHM : TCC_TRANSPORT_TCP;
   if (t == TCC_TRANSPORT_SHM && !hosts)
@@ -58,6 +94,7 @@ tcc_result_t tcc__comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_
     return tcc__err_set(err, TCC_ERR_INVALID,
                        "tccomm: shared-memory transport requested but the ranks do not share /dev/shm "
                        "(separate containers or mount namespaces); use TCCOMM_TRANSPORT=tcp");
+  if (TCC__LOG_ON(TCC__LOG_INFO)) log_choice(cfg, blobs, t, forced_by, other_host, other_shm);
   *out = t;
   return TCC_OK;
 }

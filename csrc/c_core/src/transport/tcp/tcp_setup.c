@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/log.h"
 #include "transport/tcp/tcp.h"
 
 #define RETRY_NS 20000000LL   /* pause before reconnecting after a refusal */
@@ -26,16 +27,23 @@
 
 /* ---- endpoint --------------------------------------------------------- */
 
+/* A failed endpoint is a failed group creation to come: worth a warning. */
+static tcc_result_t endpoint_failed(tcc_result_t code) {
+  TCC_LOG_WARN(-1, "%s", tcc_last_error());
+  return code;
+}
+
 tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep_out,
                                uint8_t blob_out[TCC_ENDPOINT_BLOB_SIZE]) {
   *ep_out = NULL;
+  tcc__log_setup(); /* the first thing a process does with tccomm */
   const char *addr = advertise_addr && *advertise_addr ? advertise_addr : "127.0.0.1";
   struct in_addr advertised;
   if (inet_pton(AF_INET, addr, &advertised) != 1) {
-    return tcc__fail(TCC_ERR_INVALID, "tcc_endpoint_open: '%s' is not an IPv4 address", addr);
+    return endpoint_failed(tcc__fail(TCC_ERR_INVALID, "tcc_endpoint_open: '%s' is not an IPv4 address", addr));
   }
   tcc_endpoint_t *ep = calloc(1, sizeof(*ep));
-  if (!ep) return tcc__fail(TCC_ERR_SYSTEM, "tcc_endpoint_open: out of memory");
+  if (!ep) return endpoint_failed(tcc__fail(TCC_ERR_SYSTEM, "tcc_endpoint_open: out of memory"));
   const char *what = "socket";
   int one = 1;
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
@@ -69,7 +77,7 @@ sys_fail:;
   const int errnum = errno;
   if (ep->listen_fd >= 0) close(ep->listen_fd);
   free(ep);
-  return tcc__fail(TCC_ERR_SYSTEM, "tcc_endpoint_open: %s failed: %s", what, strerror(errnum));
+  return endpoint_failed(tcc__fail(TCC_ERR_SYSTEM, "tcc_endpoint_open: %s failed: %s", what, strerror(errnum)));
 }
 
 void tcc_endpoint_close(tcc_endpoint_t *ep) {
