@@ -25,12 +25,23 @@ Makefile configuration of that name, and the shim's flags plus those of
 VARIANT_FLAGS below. Build it out of tree
 (setup.py build_ext --build-lib DIR --build-temp DIR/tmp), as the scripts
 that use it do.
+
+The build is parallel: the core's Makefile runs while ninja compiles the C++
+sources (each with one job per usable CPU, MAX_JOBS overrides). Without
+ninja, torch's BuildExtension would compile the C++ sources one at a time, so
+the `ninja` package (which scripts/setup_env.sh installs) is put on PATH when
+no ninja is found there.
+
+Next to the extension the build writes torchcomm_backend/_build_torch.py, the
+torch it was built for (version, CUDA version, C++ ABI): the extension
+refuses to load under any other torch (torchcomm_backend/_extension.py).
 """
 
 import glob
 import os
 import shutil
 import subprocess
+import sys
 import warnings
 
 import torch
@@ -172,21 +183,134 @@ elif torch.version.cuda is not None:
     warnings.warn(f"tccomm: building without CUDA although torch has CUDA: {NO_CUDA_REASON}")
 
 
+def usable_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def ensure_ninja():
+    """Puts a ninja on PATH if none is there: torch's BuildExtension compiles
+    in parallel only through ninja (else one source at a time). The `ninja`
+    package installs its binary next to the interpreter, a bin/ directory
+    that is not on PATH when pip is run as .venv/bin/pip. Returns the reason
+    when no ninja can be found."""
+    if cpp_extension.is_ninja_available():
+        return None
+    candidates = [os.path.dirname(sys.executable)]
+    try:
+        import ninja  # the PyPI package: the binary and its directory
+
+        candidates.insert(0, ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    for d in candidates:
+        if os.access(os.path.join(d, "ninja"), os.X_OK):
+            os.environ["PATH"] = d + os.pathsep + os.environ.get("PATH", "")
+            if cpp_extension.is_ninja_available():
+                return None
+    return "no ninja found (pip install ninja, as scripts/setup_env.sh does)"
+
+
+# What the generated torchcomm_backend/_build_torch.py records; the import
+# guard in torchcomm_backend/_extension.py compares it with the running torch.
+BUILD_TORCH = {
+    "version": str(torch.__version__),
+    "cuda": torch.version.cuda,
+    "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+}
+
+
 class BuildExt(cpp_extension.BuildExtension):
+    def __init__(self, *args, **kwargs):
+        # Before BuildExtension's __init__, which decides there whether to use ninja.
+        no_ninja = ensure_ninja()
+        if no_ninja:
+            warnings.warn(f"tccomm: {no_ninja}: the C++ sources compile one at a time")
+        super().__init__(*args, **kwargs)
+
     def build_extensions(self):
-        c_objects = self._compile_module_stub() + [self._make_core()]
+        # torch's ninja build uses MAX_JOBS, else ninja's default (CPUs + 2).
+        os.environ.setdefault("MAX_JOBS", str(usable_cpus()))
+        # Objects compiled against one torch's headers are never reused for
+        # another (ninja does not track torch's headers, -isystem ones).
+        self.build_temp = os.path.join(self.build_temp, "torch-" + "-".join(
+            "".join(c if c.isalnum() or c in "._" else "_" for c in str(v)) for v in BUILD_TORCH.values()))
+        # The core's Makefile runs while the C++ sources compile; the link
+        # (the first thing that needs its library) waits for it.
+        core = self._start_core()
+        c_objects = self._compile_module_stub() + [os.path.join(CORE_DIR, "build", CORE_CONFIG, "libtccomm.a")]
         for ext in self.extensions:
             ext.extra_objects = c_objects + list(ext.extra_objects or [])
-        super().build_extensions()
+        link = self.compiler.link
 
-    def _make_core(self):
-        """Builds the core's static library with its Makefile; its path."""
-        cmd = ["make", "-C", CORE_DIR, f"-j{os.cpu_count() or 1}", "--no-print-directory", "-s", "lib",
+        def link_after_core(*args, **kwargs):
+            self._finish_core(core)
+            return link(*args, **kwargs)
+
+        self.compiler.link = link_after_core
+        # An extension built for another torch is never "up to date".
+        if any(self._read_build_torch(ext) != self._build_torch_text() for ext in self.extensions):
+            self.force = True
+        try:
+            super().build_extensions()
+        except BaseException:
+            if not core.get("done"):  # let make finish; the compile error is the one to report
+                core["done"] = True
+                core["proc"].communicate()
+            raise
+        self._finish_core(core)  # the link was skipped: nothing was out of date
+        for ext in self.extensions:
+            self._write_build_torch(ext)
+
+    def _start_core(self):
+        """Starts the core's static library build (its Makefile, in parallel)."""
+        cmd = ["make", "-C", CORE_DIR, f"-j{usable_cpus()}", "--no-print-directory", "-s", "lib",
                f"CONFIG={CORE_CONFIG}"]
         if CUDA:
             cmd += [f"NCCL_INCLUDE={CUDA['nccl_include']}", f"CUDA_INCLUDE={CUDA['cuda_include']}"]
-        out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-        return out.strip().splitlines()[-1]
+        return {"proc": subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True), "cmd": cmd}
+
+    @staticmethod
+    def _finish_core(core):
+        """Waits for the core's build (once; later calls return at once)."""
+        if core.get("done"):
+            return
+        core["done"] = True
+        proc = core["proc"]
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, core["cmd"], out)
+        built = out.strip().splitlines()[-1] if out.strip() else ""
+        expected = os.path.join(CORE_DIR, "build", CORE_CONFIG, "libtccomm.a")
+        if os.path.realpath(built) != os.path.realpath(expected):
+            raise RuntimeError(f"tccomm: make lib built {built!r}, expected {expected!r}")
+
+    @staticmethod
+    def _build_torch_text():
+        return ('"""Generated by setup.py: the torch this build of torchcomm_backend._C is for."""\n\n'
+                + "".join(f"{k.upper()} = {v!r}\n" for k, v in BUILD_TORCH.items()))
+
+    def _read_build_torch(self, ext):
+        try:
+            with open(os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), "_build_torch.py")) as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def _write_build_torch(self, ext):
+        """Writes torchcomm_backend/_build_torch.py next to the built extension
+        (into the wheel's tree), and into the source tree for an in-place or
+        editable build, whose package is imported from there."""
+        text = self._build_torch_text()
+        dirs = {os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))}
+        if self.inplace or getattr(self, "editable_mode", False):
+            dirs.add(absolute("torchcomm_backend"))
+        for d in sorted(dirs):
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "_build_torch.py"), "w") as f:
+                f.write(text)
 
     def _compile_module_stub(self):
         # self.compiler is still the plain C compiler, configured like Python's

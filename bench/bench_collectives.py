@@ -37,8 +37,10 @@ The script also measures this machine's single-core memcpy bandwidth (torch
 copy_ of a 64 MiB tensor in one thread) and reports the large-message busbw
 of each backend as a fraction of it.
 
-Writes bench/results/bench_<time>.csv and .png (busbw vs size, tccomm solid,
-gloo dashed) and prints a table of ratios (gloo time / tccomm time: above 1
+Writes bench/results/bench_<time>.csv and, with matplotlib, the plots
+bench_<time>_busbw.png and bench_<time>_time.png (busbw and time against
+size, one line per backend; bench/plot_results.py, which also plots an
+existing CSV) and prints a table of ratios (gloo time / tccomm time: above 1
 means tccomm is faster).
 """
 
@@ -467,37 +469,19 @@ def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
                                  f"({100 * r['busbw_GBps'] / memcpy:5.1f}% of memcpy)")
             print(f"largest {op:14s} ({human(big)}), {world} ranks: " + ", ".join(parts))
 
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install matplotlib)")
+    # Plots: bench/plot_results.py (also usable on an existing CSV); the CSV
+    # above is written whether or not they can be made.
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    import plot_results
+
+    missing = plot_results.matplotlib_missing()
+    if missing:
+        print(f"plots skipped: {missing}; the CSV is complete (plot it later with "
+              f"python bench/plot_results.py {csv_path})")
         return
-    fig, axes = plt.subplots(len(worlds), len(ops), figsize=(4 * len(ops), 3.4 * len(worlds)),
-                             squeeze=False)
-    for i, world in enumerate(worlds):
-        for j, op in enumerate(ops):
-            ax = axes[i][j]
-            for k, backend in enumerate(backends):
-                pts = sorted((r["bytes"], r["busbw_GBps"]) for r in rows
-                             if r["world"] == world and r["op"] == op and r["backend"] == backend)
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts],
-                            linestyle="-" if k == 0 else "--", marker=".", label=backend)
-            ax.axhline(memcpy, color="gray", linewidth=0.8, linestyle=":",
-                       label="1-core memcpy")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_title(f"{op}, {world} ranks")
-            ax.set_xlabel("size (bytes)")
-            ax.set_ylabel("busbw (GB/s)")
-            ax.grid(True, which="both", linewidth=0.3)
-            if i == 0 and j == 0:
-                ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(stem + ".png", dpi=110)
-    print(f"wrote {stem}.png")
+    for png in plot_results.plot_rows(rows, stem, memcpy):
+        print(f"wrote {png}")
 
 
 def main() -> None:

@@ -24,11 +24,15 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
-echo "== installing $TORCH_SPEC numpy pytest expecttest"
-"${PIP[@]}" install -q "$TORCH_SPEC" numpy pytest expecttest "setuptools>=64" wheel
+# ninja: torch's extension builder compiles the C++ sources in parallel only
+# through ninja (without it, one at a time); setup.py finds this one even
+# though the venv's bin/ is not on PATH. matplotlib: the benchmark's plots
+# (bench/), never needed by the package itself.
+echo "== installing $TORCH_SPEC numpy pytest expecttest ninja matplotlib"
+"${PIP[@]}" install -q "$TORCH_SPEC" numpy pytest expecttest "setuptools>=64" wheel ninja matplotlib
 
 echo "== building tccomm (pip install --no-build-isolation -e .)"
-rm -rf "$ROOT/build" "$ROOT"/torchcomm_backend/_C*.so
+rm -rf "$ROOT/build" "$ROOT"/torchcomm_backend/_C*.so "$ROOT/torchcomm_backend/_build_torch.py"
 "${PIP[@]}" install -q --no-build-isolation -e "$ROOT"
 
 "$VENV/bin/python" - <<'PY'
