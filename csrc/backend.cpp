@@ -7,6 +7,7 @@
 #include "cuda_support.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -393,7 +394,7 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
     std::vector<Step> steps,
     std::vector<at::Tensor> outputs,
     const std::vector<at::Tensor>& inputs,
-    int sourceRank) {
+    OpExtras extras) {
   std::vector<c10::intrusive_ptr<PendingOp>> ops;
   ops.reserve(steps.size());
   // The CUDA steps of one call go to NCCL as one group (one launch).
@@ -402,6 +403,22 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
   {
     std::lock_guard<std::mutex> lock(mutex_);
     checkUsable(op);
+    const bool p2p = type == OpType::SEND || type == OpType::RECV || type == OpType::RECVANYSOURCE;
+    const int64_t seq = p2p ? ++p2pSeq_ : ++collectiveSeq_;
+    // Described only while a profiler listens: the description costs copies.
+    std::optional<ParamCommsRecord> profiled;
+    if (ParamCommsRecord::wanted()) {
+      OpParams params;
+      params.type = type;
+      params.p2p = p2p;
+      params.seq = seq;
+      params.peer = extras.peer;
+      params.inputs = &inputs;
+      params.outputs = &outputs;
+      params.inSplits = std::move(extras.inSplits);
+      params.outSplits = std::move(extras.outSplits);
+      profiled.emplace(identity(), params);
+    }
     if (grouped) {
       tcc_comm_group_start(comm_);
     }
@@ -448,7 +465,25 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
       }
     }
   }
-  return TccWork::create(rank_, type, op, std::move(ops), std::move(outputs), inputs, sourceRank);
+  return TccWork::create(rank_, type, op, std::move(ops), std::move(outputs), inputs, extras.sourceRank);
+}
+
+void TccBackend::setGlobalRanks(std::vector<uint64_t> ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(
+      ranks.empty() || ranks.size() == static_cast<size_t>(size_),
+      "tccomm: '", groupName_, "' has ", size_, " ranks but ", ranks.size(), " global ranks were given");
+  options_->global_ranks_in_group = std::move(ranks);
+}
+
+GroupIdentity TccBackend::identity() const {
+  GroupIdentity id;
+  id.name = getGroupUid().empty() ? groupName_ : getGroupUid();
+  id.desc = getGroupDesc().empty() ? options_->group_desc : getGroupDesc();
+  id.rank = rank_;
+  id.size = size_;
+  id.globalRanks = options_->global_ranks_in_group;
+  return id;
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::runOne(
@@ -458,10 +493,10 @@ c10::intrusive_ptr<c10d::Work> TccBackend::runOne(
     Step step,
     std::vector<at::Tensor> outputs,
     const std::vector<at::Tensor>& inputs,
-    int sourceRank) {
+    OpExtras extras) {
   std::vector<Step> steps;
   steps.push_back(std::move(step));
-  return run(op, type, timeout, std::move(steps), std::move(outputs), inputs, sourceRank);
+  return run(op, type, timeout, std::move(steps), std::move(outputs), inputs, std::move(extras));
 }
 
 // ---- collectives -----------------------------------------------------------
@@ -913,7 +948,10 @@ c10::intrusive_ptr<c10d::Work> TccBackend::alltoall_base(
   step.call = [sends, recvs](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_alltoall(c, sends.data(), recvs.data(), o, h);
   };
-  return runOne(op, OpType::ALLTOALL_BASE, opts.timeout, std::move(step), {outputBuffer}, {inputBuffer});
+  OpExtras extras;
+  extras.inSplits = inputSplitSizes;
+  extras.outSplits = outputSplitSizes;
+  return runOne(op, OpType::ALLTOALL_BASE, opts.timeout, std::move(step), {outputBuffer}, {inputBuffer}, std::move(extras));
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::alltoall(
@@ -986,7 +1024,9 @@ c10::intrusive_ptr<c10d::Work> TccBackend::send(std::vector<at::Tensor>& tensors
   step.call = [buf, peer, tag](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
     return tcc_send(c, buf, peer, coreTag(tag), o, h);
   };
-  return runOne(op, OpType::SEND, c10d::kUnsetTimeout, std::move(step), tensors, tensors);
+  OpExtras extras;
+  extras.peer = peer;
+  return runOne(op, OpType::SEND, c10d::kUnsetTimeout, std::move(step), tensors, tensors, std::move(extras));
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
@@ -1002,7 +1042,10 @@ c10::intrusive_ptr<c10d::Work> TccBackend::recv(std::vector<at::Tensor>& tensors
   };
   // The tensor is also the work's "input": torch's profiler records its
   // shape for the receive, as for gloo's.
-  return runOne(op, OpType::RECV, c10d::kUnsetTimeout, std::move(step), tensors, tensors, peer);
+  OpExtras extras;
+  extras.peer = peer;
+  extras.sourceRank = peer;
+  return runOne(op, OpType::RECV, c10d::kUnsetTimeout, std::move(step), tensors, tensors, std::move(extras));
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
@@ -1015,7 +1058,9 @@ c10::intrusive_ptr<c10d::Work> TccBackend::recvAnysource(std::vector<at::Tensor>
     return tcc_recv(c, buf, TCC_ANY_SOURCE, coreTag(tag), o, h);
   };
   // The sender is known once the receive completes: Work::sourceRank asks the op.
-  return runOne(op, OpType::RECVANYSOURCE, c10d::kUnsetTimeout, std::move(step), tensors, tensors, TccWork::kSourceFromOp);
+  OpExtras extras;
+  extras.sourceRank = TccWork::kSourceFromOp;
+  return runOne(op, OpType::RECVANYSOURCE, c10d::kUnsetTimeout, std::move(step), tensors, tensors, std::move(extras));
 }
 
 } // namespace tccomm

@@ -17,6 +17,7 @@
 #include <torch/headeronly/version.h>
 
 #include "tccomm.h"
+#include "param_comms.hpp"
 #include "tensor_bufs.hpp"
 #include "work.hpp"
 
@@ -31,6 +32,15 @@
 #endif
 
 namespace tccomm {
+
+// What some ops add to their description: the peer of a send/recv (and
+// the work's source rank), the split sizes of an all-to-all.
+struct OpExtras {
+  int peer = -1;
+  int sourceRank = -1; // TccWork's; kSourceFromOp for a receive from any source
+  std::vector<int64_t> inSplits;
+  std::vector<int64_t> outSplits;
+};
 
 class TccBackend final : public c10d::Backend {
  public:
@@ -82,6 +92,9 @@ class TccBackend final : public c10d::Backend {
   void abort() override;
   // Waits for issued ops, then frees the communicator.
   void shutdown() override;
+  // The members' global ranks (torch's global_ranks_in_group), for the
+  // profiler's metadata; set once after creation.
+  void setGlobalRanks(std::vector<uint64_t> ranks);
   // The core communicator, for features built on the same group (windows,
   // csrc/window_ops.cpp); throws unless the group is usable. Stays owned here.
   tcc_comm_t* coreComm(const char* op);
@@ -186,7 +199,7 @@ class TccBackend final : public c10d::Backend {
       std::vector<Step> steps,
       std::vector<at::Tensor> outputs,
       const std::vector<at::Tensor>& inputs,
-      int sourceRank = -1);
+      OpExtras extras = {});
   // run() for the common case of a single core op.
   c10::intrusive_ptr<c10d::Work> runOne(
       const char* op,
@@ -195,7 +208,9 @@ class TccBackend final : public c10d::Backend {
       Step step,
       std::vector<at::Tensor> outputs,
       const std::vector<at::Tensor>& inputs,
-      int sourceRank = -1);
+      OpExtras extras = {});
+  // The group as torch's profiler names it. Caller holds mutex_.
+  GroupIdentity identity() const;
   // all_reduce of a sparse COO tensor (sparse_allreduce.cpp): runs to the
   // end before it returns a completed work.
   c10::intrusive_ptr<c10d::Work> sparseAllreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
@@ -223,6 +238,10 @@ class TccBackend final : public c10d::Backend {
   std::vector<at::Tensor> coalescedOutputs_;
   std::vector<at::Tensor> coalescedInputs_;
   c10::intrusive_ptr<Options> options_;
+  // Ops issued so far, collectives and point-to-point apart (as nccl
+  // numbers them for the profiler).
+  int64_t collectiveSeq_ = 0;
+  int64_t p2pSeq_ = 0;
   const std::string groupName_; // as the core names the communicator
   const std::string advertiseAddr_;
   const tcc_transport_t transport_;

@@ -1,12 +1,14 @@
 // ops.cpp - torch.ops.tccomm.*: the bootstrap of a tccomm group.
 //
 // Python reaches the C++ side only through these TorchScript ops (no binding library).
-//   create(carrier, rank, size, timeout_ms, name, advertise_addr, transport="auto")
+//   create(carrier, rank, size, timeout_ms, name, advertise_addr, transport="auto",
+//          global_ranks=[])
 //       creates the group's communicator through the carrier's store
 //       (rendezvous.hpp) and installs a TccBackend on `carrier` (a
 //       ProcessGroup), from which Python takes it with _get_backend().
 //       transport: "auto" (the core decides; TCCOMM_TRANSPORT is honoured),
-//       "shm" or "tcp".
+//       "shm" or "tcp". global_ranks: the members' global ranks (torch's
+//       global_ranks_in_group), for the profiler's metadata.
 //   build_info()
 //       JSON: whether the CUDA path was built, the nccl.h it was built with
 //       and the NCCL found at run time.
@@ -27,7 +29,8 @@ void create(
     int64_t timeoutMs,
     std::string name,
     std::string advertiseAddr,
-    std::string transport) {
+    std::string transport,
+    std::vector<int64_t> globalRanks) {
   TORCH_CHECK(carrier->getStore(), "tccomm: create: the carrier process group has no store");
   TORCH_CHECK(
       transport == "auto" || transport == "shm" || transport == "tcp",
@@ -45,6 +48,7 @@ void create(
       name,
       advertiseAddr,
       choice);
+  backend->setGlobalRanks(std::vector<uint64_t>(globalRanks.begin(), globalRanks.end()));
   carrier->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, backend);
 }
 
@@ -85,6 +89,6 @@ TORCH_LIBRARY(tccomm, m) {
   m.def("build_info() -> str", &tccomm::buildInfo);
   m.def(
       "create(__torch__.torch.classes.c10d.ProcessGroup carrier, int rank, int size, "
-      "int timeout_ms, str name, str advertise_addr, str transport=\"auto\") -> ()",
+      "int timeout_ms, str name, str advertise_addr, str transport=\"auto\", int[] global_ranks=[]) -> ()",
       &tccomm::create);
 }

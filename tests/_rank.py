@@ -93,3 +93,24 @@ def leave_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def run_one_scenario(out_dir: str, scenario: str, fn) -> None:
+    """A rank whose whole program is one case: reports `scenario` as one
+    case (start, then pass or the failure) running fn(rank, world), then
+    ends at once with 0 only on success (the verdict is the report and the
+    exit code; the interpreter's teardown is not what such a case checks)."""
+    import time
+    import traceback
+
+    enable_stack_dumps()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    events = Events(out_dir, rank)
+    events.emit(event="start", case=scenario, t=time.time())
+    status, msg = "pass", ""
+    try:
+        fn(rank, world)
+    except BaseException as e:  # noqa: BLE001
+        status, msg = "fail", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-6)}"
+    events.emit(event="result", case=scenario, status=status, msg=msg)
+    leave_now(0 if status == "pass" else 1)

@@ -37,8 +37,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
 
 import pytest
 import torch
@@ -306,17 +304,7 @@ def worker_main(scenario, out_dir):
     """One rank: runs `scenario` as one case and reports it (tests/_rank.py)."""
     import _rank
 
-    _rank.enable_stack_dumps()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    events = _rank.Events(out_dir, rank)
-    events.emit(event="start", case=scenario, t=time.time())
-    status, msg = "pass", ""
-    try:
-        globals()[f"scenario_{scenario}"](rank, world)
-    except BaseException as e:  # noqa: BLE001
-        status, msg = "fail", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-6)}"
-    events.emit(event="result", case=scenario, status=status, msg=msg)
-    _rank.leave_now(0 if status == "pass" else 1)
+    _rank.run_one_scenario(out_dir, scenario, globals()[f"scenario_{scenario}"])
 
 
 # ---- pytest ------------------------------------------------------------------

@@ -26,15 +26,18 @@ def create(opts, pg_options=None):
     timeout = _as_timedelta(opts.timeout)
     group_id = getattr(opts, "group_id", "")
     name = f"tccomm:{group_id}" if group_id else "default"
-    carrier = create_group(opts.store, opts.group_rank, opts.group_size, timeout, name)
+    global_ranks = list(getattr(opts, "global_ranks_in_group", None) or [])
+    carrier = create_group(opts.store, opts.group_rank, opts.group_size, timeout, name,
+                           global_ranks=global_ranks)
     return carrier._get_backend(torch.device("cpu"))
 
 
-def create_group(store, rank, size, timeout, name, transport="auto"):
+def create_group(store, rank, size, timeout, name, transport="auto", global_ranks=()):
     """Rendezvous through `store` and a ProcessGroup carrying a tccomm backend.
 
     Shared by the c10d creator above and torchcomm_backend.new_comm.
     transport: "auto" (the core decides; TCCOMM_TRANSPORT is honoured), "shm" or "tcp".
+    global_ranks: the members' global ranks, for the profiler's metadata.
     """
     load_extension()
     timeout_ms = _timeout_ms(timeout)
@@ -42,7 +45,7 @@ def create_group(store, rank, size, timeout, name, transport="auto"):
     # The rendezvous through the carrier's store happens in C++, where
     # Backend::split uses it too.
     torch.ops.tccomm.create(carrier.boxed(), rank, size, timeout_ms, name,
-                            advertise_address(), transport)
+                            advertise_address(), transport, [int(r) for r in global_ranks])
     return carrier
 
 

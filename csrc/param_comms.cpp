@@ -1,0 +1,157 @@
+// param_comms.cpp - see param_comms.hpp.
+#include "param_comms.hpp"
+
+#include <tuple>
+
+#include <ATen/record_function.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
+
+namespace tccomm {
+namespace {
+
+int64_t elements(const std::vector<at::Tensor>* tensors) {
+  int64_t n = 0;
+  if (tensors != nullptr) {
+    for (const auto& t : *tensors) {
+      n += t.defined() ? t.numel() : 0;
+    }
+  }
+  return n;
+}
+
+// The first defined tensor's dtype (inputs first), Byte when there is none.
+at::ScalarType dtypeOf(const OpParams& op) {
+  for (const auto* list : {op.inputs, op.outputs}) {
+    if (list != nullptr) {
+      for (const auto& t : *list) {
+        if (t.defined()) {
+          return t.scalar_type();
+        }
+      }
+    }
+  }
+  return at::kByte;
+}
+
+// nccl's (start, stride) of the members' global ranks; stride -1 when
+// they are not evenly spaced (the profiler then lists no ranks).
+std::pair<int, int> rankLayout(const GroupIdentity& group) {
+  const auto& g = group.globalRanks;
+  if (g.empty()) {
+    return {0, 1};
+  }
+  if (g.size() == 1) {
+    return {static_cast<int>(g[0]), 1};
+  }
+  const int64_t stride = static_cast<int64_t>(g[1]) - static_cast<int64_t>(g[0]);
+  for (size_t i = 1; i < g.size(); ++i) {
+    if (static_cast<int64_t>(g[i]) - static_cast<int64_t>(g[i - 1]) != stride) {
+      return {static_cast<int>(g[0]), -1};
+    }
+  }
+  return {static_cast<int>(g[0]), static_cast<int>(stride)};
+}
+
+} // namespace
+
+const char* collectiveName(c10d::OpType type, bool hasSplits) {
+  using c10d::OpType;
+  switch (type) {
+    case OpType::BROADCAST:
+      return "broadcast";
+    case OpType::ALLREDUCE:
+      return "allreduce";
+    case OpType::ALLREDUCE_COALESCED:
+      return "allreduce_coalesced";
+    case OpType::REDUCE:
+      return "reduce";
+    case OpType::ALLGATHER:
+      return "all_gather";
+    case OpType::_ALLGATHER_BASE:
+      return "_allgather_base";
+    case OpType::ALLGATHER_COALESCED:
+      return "allgather_coalesced";
+    case OpType::GATHER:
+      return "gather";
+    case OpType::SCATTER:
+      return "scatter";
+    case OpType::REDUCE_SCATTER:
+      return "reduce_scatter";
+    case OpType::_REDUCE_SCATTER_BASE:
+      return "_reduce_scatter_base";
+    case OpType::REDUCE_SCATTER_TENSOR_COALESCED:
+      return "reduce_scatter_tensor_coalesced";
+    case OpType::ALLTOALL_BASE:
+      return hasSplits ? "all_to_allv" : "all_to_all";
+    case OpType::ALLTOALL:
+      return "all_to_all";
+    case OpType::BARRIER:
+      return "barrier";
+    case OpType::SEND:
+      return "send";
+    case OpType::RECV:
+    case OpType::RECVANYSOURCE:
+      return "recv";
+    case OpType::COALESCED:
+      return "coalesced";
+    default:
+      return "unknown";
+  }
+}
+
+bool ParamCommsRecord::wanted() {
+  return at::hasCallbacks();
+}
+
+ParamCommsRecord::ParamCommsRecord(const GroupIdentity& group, const OpParams& op) {
+  const auto [start, stride] = rankLayout(group);
+  const std::tuple<std::string, std::string> pgName{group.name, group.desc};
+  std::string name = collectiveName(op.type, !op.inSplits.empty() || !op.outSplits.empty());
+  const int rankField = op.p2p ? op.peer : group.rank; // nccl's: the peer for send/recv
+  auto info = std::make_shared<torch::ParamCommsDebugInfo>(
+      pgName,
+      rankField,
+      std::string(name),
+      elements(op.inputs),
+      elements(op.outputs),
+      dtypeOf(op),
+      op.inSplits,
+      op.outSplits,
+      start,
+      stride,
+      group.size,
+      /*isAsynchronizedOp=*/true);
+  info->setSequenceInfo(op.seq, op.p2p);
+  debugInfo_ = std::make_unique<c10::DebugInfoGuard>(c10::DebugInfoKind::PARAM_COMMS_INFO, info);
+  span_ = std::make_unique<at::RecordFunction>(at::RecordScope::FUNCTION);
+  if (!span_->isActive()) {
+    return;
+  }
+  const c10::IValue inputs = op.inputs != nullptr ? c10::IValue(*op.inputs) : c10::IValue(std::vector<at::Tensor>{});
+  std::vector<c10::IValue> params = {
+      inputs,
+      c10::IValue(std::make_tuple(op.seq, op.p2p)),
+      c10::IValue(pgName),
+      rankField,
+      name,
+      op.inSplits,
+      op.outSplits,
+      start,
+      stride,
+      group.size,
+      true};
+  if (span_->needsInputs()) {
+    span_->before(at::kParamCommsCallName, c10::ArrayRef<const c10::IValue>(params.data(), params.size()));
+  } else {
+    span_->before(at::kParamCommsCallName);
+  }
+  if (span_->needsOutputs()) {
+    span_->setOutputs(
+        std::vector<c10::IValue>(1, op.outputs != nullptr ? c10::IValue(*op.outputs) : c10::IValue()));
+  }
+}
+
+ParamCommsRecord::~ParamCommsRecord() = default;
+
+} // namespace tccomm

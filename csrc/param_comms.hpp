@@ -1,0 +1,66 @@
+// param_comms.hpp - what torch's profiler sees of a tccomm op besides its
+// "tccomm:<op>" span (work.cpp): the record_param_comms event with the
+// metadata the nccl backend attaches (collective name, group name,
+// description and ranks, sequence number, element counts, split sizes,
+// dtype), which torch's trace export and tools built on it (HTA) read.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+namespace at {
+class RecordFunction;
+}
+namespace c10 {
+class DebugInfoGuard;
+}
+
+namespace tccomm {
+
+// The group an op runs on, as the profiler names it.
+struct GroupIdentity {
+  std::string name; // torch's group name ("0" for the default group)
+  std::string desc; // torch's group description ("default_pg", ...)
+  int rank = 0;
+  int size = 1;
+  // Global ranks of the group's members; empty: 0 .. size-1.
+  std::vector<uint64_t> globalRanks;
+};
+
+// One op as described to the profiler.
+struct OpParams {
+  c10d::OpType type;
+  bool p2p = false;
+  int64_t seq = 0;  // per group and kind (collective or p2p), from 1, as nccl's
+  int peer = -1;    // send/recv: the group rank of the other side
+  const std::vector<at::Tensor>* inputs = nullptr;
+  const std::vector<at::Tensor>* outputs = nullptr;
+  std::vector<int64_t> inSplits;
+  std::vector<int64_t> outSplits;
+};
+
+// nccl's collective name for an op type ("allreduce", "all_gather", ...).
+const char* collectiveName(c10d::OpType type, bool hasSplits);
+
+// The record_param_comms event of one op: open while the op is issued.
+class ParamCommsRecord {
+ public:
+  // Whether any profiler (or other RecordFunction callback) listens now:
+  // one branch; build the description only then.
+  static bool wanted();
+  ParamCommsRecord(const GroupIdentity& group, const OpParams& op);
+  ~ParamCommsRecord();
+  ParamCommsRecord(const ParamCommsRecord&) = delete;
+  ParamCommsRecord& operator=(const ParamCommsRecord&) = delete;
+
+ private:
+  std::unique_ptr<c10::DebugInfoGuard> debugInfo_;
+  std::unique_ptr<at::RecordFunction> span_;
+};
+
+} // namespace tccomm
