@@ -65,7 +65,10 @@ FACTOR = {
     "alltoall": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
 }
-ELEM = 4  # float32
+# The element types --dtype offers and their sizes. Inputs are small
+# integers (rank_input), so every result is exact in each of them: bfloat16
+# holds every integer up to 256, enough for sums over 15 ranks.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
 def parse_bytes(text: str) -> int:
@@ -89,28 +92,34 @@ def human(nbytes: int) -> str:
 # ---------------------------------------------------------------------------
 
 
-def rank_input(torch, rank: int, count: int):
+def rank_input(torch, rank: int, count: int, dtype=None):
     """Rank `rank`'s input: small positive integers, so that sums over any
-    realistic number of ranks are exact in float32 and a block that lands at
-    the wrong place or from the wrong rank shows up as a wrong value."""
-    return ((torch.arange(count, dtype=torch.int64) + 3 * rank) % 17 + 1).to(torch.float32)
+    realistic number of ranks are exact in every --dtype and a block that
+    lands at the wrong place or from the wrong rank shows up as a wrong value."""
+    return ((torch.arange(count, dtype=torch.int64) + 3 * rank) % 17 + 1).to(dtype or torch.float32)
 
 
-def expected_output(torch, op: str, rank: int, world: int, count: int, per: int):
+def expected_output(torch, op: str, rank: int, world: int, count: int, per: int, dtype=None):
     """The result rank `rank` must hold after one `op`, computed with plain
-    torch from the inputs every rank was given (rank_input)."""
-    if op == "allreduce":
-        return sum(rank_input(torch, r, count) for r in range(world))
-    if op == "broadcast":
-        return rank_input(torch, 0, count)
-    if op == "allgather":
-        return torch.cat([rank_input(torch, r, per) for r in range(world)])
+    torch from the inputs every rank was given (rank_input); the sums are
+    taken in float64 (exact) and then converted."""
+    def inp(r, n):
+        return rank_input(torch, r, n, torch.float64)
+
     mine = slice(rank * per, (rank + 1) * per)
-    if op == "reduce_scatter":
-        return sum(rank_input(torch, r, per * world)[mine] for r in range(world))
-    if op == "alltoall":
-        return torch.cat([rank_input(torch, r, per * world)[mine] for r in range(world)])
-    raise ValueError(op)
+    if op == "allreduce":
+        want = sum(inp(r, count) for r in range(world))
+    elif op == "broadcast":
+        want = inp(0, count)
+    elif op == "allgather":
+        want = torch.cat([inp(r, per) for r in range(world)])
+    elif op == "reduce_scatter":
+        want = sum(inp(r, per * world)[mine] for r in range(world))
+    elif op == "alltoall":
+        want = torch.cat([inp(r, per * world)[mine] for r in range(world)])
+    else:
+        raise ValueError(op)
+    return want.to(dtype or torch.float32)
 
 
 def mismatch(torch, got, want) -> str:
@@ -139,6 +148,8 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dtype = getattr(torch, args.dtype)
+    elem = DTYPE_BYTES[args.dtype]
     backends = args.backends.split(",")
     cuda = args.device == "cuda"
     if cuda:
@@ -165,27 +176,27 @@ def worker(args) -> None:
         """Returns (fn, reset, output, actual size in bytes, per-rank block):
         fn runs one iteration of `op`, reset refills the inputs with this
         rank's rank_input, output is the tensor to verify after one fn."""
-        count = max(1, size_bytes // ELEM)
+        count = max(1, size_bytes // elem)
         per = max(1, count // world)
         n_in = {"allreduce": count, "broadcast": count, "allgather": per}.get(op, per * world)
-        inp = torch.empty(n_in, device=device)
+        inp = torch.empty(n_in, device=device, dtype=dtype)
 
         def reset():
-            inp.copy_(rank_input(torch, rank, n_in))
+            inp.copy_(rank_input(torch, rank, n_in, dtype))
         if op == "allreduce":
-            return (lambda g: dist.all_reduce(inp, group=g)), reset, inp, count * ELEM, per
+            return (lambda g: dist.all_reduce(inp, group=g)), reset, inp, count * elem, per
         if op == "broadcast":
-            return (lambda g: dist.broadcast(inp, src=0, group=g)), reset, inp, count * ELEM, per
+            return (lambda g: dist.broadcast(inp, src=0, group=g)), reset, inp, count * elem, per
         if op == "allgather":
-            out = torch.empty(per * world, device=device)
-            return (lambda g: ag(out, inp, group=g)), reset, out, per * world * ELEM, per
+            out = torch.empty(per * world, device=device, dtype=dtype)
+            return (lambda g: ag(out, inp, group=g)), reset, out, per * world * elem, per
         if op == "reduce_scatter":
-            out = torch.empty(per, device=device)
-            return (lambda g: rs(out, inp, group=g)), reset, out, per * world * ELEM, per
+            out = torch.empty(per, device=device, dtype=dtype)
+            return (lambda g: rs(out, inp, group=g)), reset, out, per * world * elem, per
         if op == "alltoall":
-            out = torch.empty(per * world, device=device)
+            out = torch.empty(per * world, device=device, dtype=dtype)
             return ((lambda g: dist.all_to_all_single(out, inp, group=g)), reset, out,
-                    per * world * ELEM, per)
+                    per * world * elem, per)
         raise ValueError(op)
 
     def agree_max(value: float) -> float:
@@ -203,7 +214,7 @@ def worker(args) -> None:
         sync()
         fn(groups[b])
         sync()
-        want = expected_output(torch, op, rank, world, actual // ELEM, per)
+        want = expected_output(torch, op, rank, world, actual // elem, per, dtype)
         problem = mismatch(torch, output, want)
         if problem:
             print(f"WRONG RESULT: backend {b}, op {op}, size {human(actual)}, "
@@ -264,7 +275,7 @@ def worker(args) -> None:
                 row[b] = (med, lo, hi)
                 algbw = actual / med / 1e9
                 record({"world": world, "backend": b, "device": args.device, "op": op,
-                        "bytes": actual, "count": actual // ELEM, "dtype": "float32",
+                        "bytes": actual, "count": actual // elem, "dtype": args.dtype,
                         "iters": iters[b], "samples": args.samples, "time_us": med * 1e6,
                         "time_min_us": lo * 1e6, "time_max_us": hi * 1e6,
                         "spread_pct": 100 * (hi - lo) / med, "verified": True,
@@ -283,7 +294,7 @@ def worker(args) -> None:
                 for b in rotated(backends, point + 1)}
         for b, secs in host.items():
             record({"world": world, "backend": b, "device": "cuda", "op": HOST_OP,
-                    "bytes": args.host_count * ELEM, "count": args.host_count, "dtype": "float32",
+                    "bytes": args.host_count * DTYPE_BYTES["float32"], "count": args.host_count, "dtype": "float32",
                     "iters": args.host_iters, "time_us": secs * 1e6, "algbw_GBps": 0.0,
                     "busbw_GBps": 0.0})
         if rank == 0:
@@ -385,7 +396,7 @@ def run_world(args, world: int, results: str) -> None:
                "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                "--warmup", str(args.warmup), "--time-per-point", str(args.time_per_point),
                "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
-               "--samples", str(args.samples)] + (["--host-only"] if args.host_only else [])
+               "--samples", str(args.samples), "--dtype", args.dtype] + (["--host-only"] if args.host_only else [])
         procs.append(subprocess.Popen(cmd, env=env))
     deadline = time.monotonic() + args.timeout
     for p in procs:
@@ -505,6 +516,8 @@ def main() -> None:
                         "(no sweep)")
     p.add_argument("--gpus", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32",
+                   help="element type of every tensor (bfloat16: what tensor-parallel inference sends)")
     p.add_argument("--min-bytes", type=parse_bytes, default=8)
     p.add_argument("--max-bytes", type=parse_bytes, default=64 << 20)
     p.add_argument("--quick", action="store_true",
