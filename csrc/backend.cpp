@@ -415,8 +415,8 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
       params.peer = extras.peer;
       params.inputs = &inputs;
       params.outputs = &outputs;
-      params.inSplits = std::move(extras.inSplits);
-      params.outSplits = std::move(extras.outSplits);
+      params.inSplits = extras.inSplits;
+      params.outSplits = extras.outSplits;
       profiled.emplace(identity(), params);
     }
     if (grouped) {
@@ -949,8 +949,8 @@ c10::intrusive_ptr<c10d::Work> TccBackend::alltoall_base(
     return tcc_alltoall(c, sends.data(), recvs.data(), o, h);
   };
   OpExtras extras;
-  extras.inSplits = inputSplitSizes;
-  extras.outSplits = outputSplitSizes;
+  extras.inSplits = &inputSplitSizes;
+  extras.outSplits = &outputSplitSizes;
   return runOne(op, OpType::ALLTOALL_BASE, opts.timeout, std::move(step), {outputBuffer}, {inputBuffer}, std::move(extras));
 }
 

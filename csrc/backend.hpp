@@ -38,8 +38,9 @@ namespace tccomm {
 struct OpExtras {
   int peer = -1;
   int sourceRank = -1; // TccWork's; kSourceFromOp for a receive from any source
-  std::vector<int64_t> inSplits;
-  std::vector<int64_t> outSplits;
+  // The caller's split sizes, alive until run() returns (all-to-all only).
+  const std::vector<int64_t>* inSplits = nullptr;
+  const std::vector<int64_t>* outSplits = nullptr;
 };
 
 class TccBackend final : public c10d::Backend {

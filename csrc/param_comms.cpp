@@ -6,6 +6,7 @@
 #include <ATen/record_function.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
+#include <torch/headeronly/version.h>
 
 namespace tccomm {
 namespace {
@@ -55,48 +56,52 @@ std::pair<int, int> rankLayout(const GroupIdentity& group) {
 
 } // namespace
 
-const char* collectiveName(c10d::OpType type, bool hasSplits) {
+OpNames opNames(c10d::OpType type) {
   using c10d::OpType;
   switch (type) {
     case OpType::BROADCAST:
-      return "broadcast";
+      return {"tccomm:broadcast", "broadcast"};
     case OpType::ALLREDUCE:
-      return "allreduce";
+      return {"tccomm:all_reduce", "allreduce"};
     case OpType::ALLREDUCE_COALESCED:
-      return "allreduce_coalesced";
+      return {"tccomm:all_reduce", "allreduce_coalesced"};
     case OpType::REDUCE:
-      return "reduce";
+      return {"tccomm:reduce", "reduce"};
     case OpType::ALLGATHER:
-      return "all_gather";
-    case OpType::_ALLGATHER_BASE:
-      return "_allgather_base";
+      return {"tccomm:all_gather", "all_gather"};
     case OpType::ALLGATHER_COALESCED:
-      return "allgather_coalesced";
+      return {"tccomm:all_gather", "allgather_coalesced"};
+    case OpType::_ALLGATHER_BASE:
+      return {"tccomm:all_gather_into_tensor", "_allgather_base"};
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+    case OpType::ALLGATHER_INTO_TENSOR_COALESCED: // new in torch 2.14
+      return {"tccomm:all_gather_into_tensor", "allgather_into_tensor_coalesced"};
+#endif
     case OpType::GATHER:
-      return "gather";
+      return {"tccomm:gather", "gather"};
     case OpType::SCATTER:
-      return "scatter";
+      return {"tccomm:scatter", "scatter"};
     case OpType::REDUCE_SCATTER:
-      return "reduce_scatter";
+      return {"tccomm:reduce_scatter", "reduce_scatter"};
     case OpType::_REDUCE_SCATTER_BASE:
-      return "_reduce_scatter_base";
+      return {"tccomm:reduce_scatter_tensor", "_reduce_scatter_base"};
     case OpType::REDUCE_SCATTER_TENSOR_COALESCED:
-      return "reduce_scatter_tensor_coalesced";
-    case OpType::ALLTOALL_BASE:
-      return hasSplits ? "all_to_allv" : "all_to_all";
+      return {"tccomm:reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"};
     case OpType::ALLTOALL:
-      return "all_to_all";
+    case OpType::ALLTOALL_BASE:
+      return {"tccomm:all_to_all", "all_to_all"};
     case OpType::BARRIER:
-      return "barrier";
+      return {"tccomm:barrier", "barrier"};
     case OpType::SEND:
-      return "send";
+      return {"tccomm:send", "send"};
     case OpType::RECV:
+      return {"tccomm:recv", "recv"};
     case OpType::RECVANYSOURCE:
-      return "recv";
+      return {"tccomm:recvAnySource", "recv"};
     case OpType::COALESCED:
-      return "coalesced";
+      return {"tccomm:coalesced", "coalesced"};
     default:
-      return "unknown";
+      return {"tccomm:coalesced", "unknown"};
   }
 }
 
@@ -107,7 +112,10 @@ bool ParamCommsRecord::wanted() {
 ParamCommsRecord::ParamCommsRecord(const GroupIdentity& group, const OpParams& op) {
   const auto [start, stride] = rankLayout(group);
   const std::tuple<std::string, std::string> pgName{group.name, group.desc};
-  std::string name = collectiveName(op.type, !op.inSplits.empty() || !op.outSplits.empty());
+  const std::vector<int64_t> inSplits = op.inSplits != nullptr ? *op.inSplits : std::vector<int64_t>{};
+  const std::vector<int64_t> outSplits = op.outSplits != nullptr ? *op.outSplits : std::vector<int64_t>{};
+  const bool uneven = op.type == c10d::OpType::ALLTOALL_BASE && !(inSplits.empty() && outSplits.empty());
+  std::string name = uneven ? "all_to_allv" : opNames(op.type).collective;
   const int rankField = op.p2p ? op.peer : group.rank; // nccl's: the peer for send/recv
   auto info = std::make_shared<torch::ParamCommsDebugInfo>(
       pgName,
@@ -116,8 +124,8 @@ ParamCommsRecord::ParamCommsRecord(const GroupIdentity& group, const OpParams& o
       elements(op.inputs),
       elements(op.outputs),
       dtypeOf(op),
-      op.inSplits,
-      op.outSplits,
+      inSplits,
+      outSplits,
       start,
       stride,
       group.size,
@@ -135,8 +143,8 @@ ParamCommsRecord::ParamCommsRecord(const GroupIdentity& group, const OpParams& o
       c10::IValue(pgName),
       rankField,
       name,
-      op.inSplits,
-      op.outSplits,
+      inSplits,
+      outSplits,
       start,
       stride,
       group.size,

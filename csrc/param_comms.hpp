@@ -40,12 +40,19 @@ struct OpParams {
   int peer = -1;    // send/recv: the group rank of the other side
   const std::vector<at::Tensor>* inputs = nullptr;
   const std::vector<at::Tensor>* outputs = nullptr;
-  std::vector<int64_t> inSplits;
-  std::vector<int64_t> outSplits;
+  const std::vector<int64_t>* inSplits = nullptr; // all-to-all's, else none
+  const std::vector<int64_t>* outSplits = nullptr;
 };
 
-// nccl's collective name for an op type ("allreduce", "all_gather", ...).
-const char* collectiveName(c10d::OpType type, bool hasSplits);
+// The names torch's profiler shows for an op type: its span
+// ("tccomm:all_reduce", as gloo's "gloo:all_reduce") and nccl's collective
+// name in the metadata ("allreduce"; all_to_all with split sizes is
+// "all_to_allv", which OpParams decides).
+struct OpNames {
+  const char* span;
+  const char* collective;
+};
+OpNames opNames(c10d::OpType type);
 
 // The record_param_comms event of one op: open while the op is issued.
 class ParamCommsRecord {

@@ -1,6 +1,8 @@
 // work.cpp - see work.hpp.
 #include "work.hpp"
 
+#include "param_comms.hpp"
+
 #include "cuda_support.hpp"
 #include "timeouts.hpp"
 
@@ -37,49 +39,7 @@ std::string coreFailure(const char* op, tcc_op_t* handle) {
 // nullptr while no profiler callback is registered: c10d::Work then skips
 // the recording (an allocation per op) altogether.
 const char* profilingTitle(c10d::OpType type) {
-  if (!at::hasCallbacks()) {
-    return nullptr;
-  }
-  using c10d::OpType;
-  switch (type) {
-    case OpType::BROADCAST:
-      return "tccomm:broadcast";
-    case OpType::ALLREDUCE:
-    case OpType::ALLREDUCE_COALESCED:
-      return "tccomm:all_reduce";
-    case OpType::REDUCE:
-      return "tccomm:reduce";
-    case OpType::ALLGATHER:
-    case OpType::ALLGATHER_COALESCED:
-      return "tccomm:all_gather";
-    case OpType::_ALLGATHER_BASE:
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
-    case OpType::ALLGATHER_INTO_TENSOR_COALESCED: // new in torch 2.14
-#endif
-      return "tccomm:all_gather_into_tensor";
-    case OpType::GATHER:
-      return "tccomm:gather";
-    case OpType::SCATTER:
-      return "tccomm:scatter";
-    case OpType::REDUCE_SCATTER:
-      return "tccomm:reduce_scatter";
-    case OpType::_REDUCE_SCATTER_BASE:
-    case OpType::REDUCE_SCATTER_TENSOR_COALESCED:
-      return "tccomm:reduce_scatter_tensor";
-    case OpType::ALLTOALL:
-    case OpType::ALLTOALL_BASE:
-      return "tccomm:all_to_all";
-    case OpType::BARRIER:
-      return "tccomm:barrier";
-    case OpType::SEND:
-      return "tccomm:send";
-    case OpType::RECV:
-      return "tccomm:recv";
-    case OpType::RECVANYSOURCE:
-      return "tccomm:recvAnySource";
-    default:
-      return "tccomm:coalesced";
-  }
+  return at::hasCallbacks() ? opNames(type).span : nullptr;
 }
 
 } // namespace

@@ -231,16 +231,15 @@ tcc_result_t tcc_comm_cuda_split(tcc_comm_t *parent, int color, tcc_comm_t *chil
     r = cc && !atomic_load(&cc->coll_ready) ? TCC_OK : err.code;
   }
   if (r == TCC_OK) {
-    char label[64];
-    snprintf(label, sizeof label, "the group's NCCL communicator (split)");
     int prev = pc->device;
     cudaError_t e = tcc__cuda_enter_device(pc->device, &prev);
     if (e != cudaSuccess)
       r = tcc__err_set(&err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): cannot use CUDA device %d: %s", what,
                        parent->name, parent->rank, pc->device, cudaGetErrorString(e));
     else
-      r = tcc__ncomm_split(&pc->coll, cc ? &cc->coll : NULL, child, label, color, child ? child->rank : 0, what,
-                           tcc__deadline_after_ms(atomic_load(&parent->timeout_ms)), &err);
+      r = tcc__ncomm_split(&pc->coll, cc ? &cc->coll : NULL, child, "the group's NCCL communicator (split)", color,
+                           child ? child->rank : 0, what, tcc__deadline_after_ms(atomic_load(&parent->timeout_ms)),
+                           &err);
     tcc__cuda_leave_device(pc->device, prev);
     /* A split NCCL started and did not finish leaves the parent's
      * communicator in the middle of it: the parent is unusable. */
