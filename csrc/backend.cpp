@@ -191,6 +191,7 @@ TccBackend::TccBackend(
     : c10d::Backend(rank, size),
       comm_(comm),
       options_(c10::make_intrusive<Options>("tccomm", timeout)),
+      recorder_(GroupRecorder::create()),
       groupName_(name),
       advertiseAddr_(std::move(advertiseAddr)),
       transport_(transport) {
@@ -400,23 +401,26 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
   // The CUDA steps of one call go to NCCL as one group (one launch).
   const bool cudaOp = !steps.empty() && steps[0].buffers.device() >= 0;
   const bool grouped = cudaOp && steps.size() > 1;
+  // Taken before the lock: capturing the Python stack may wait for the GIL.
+  std::shared_ptr<torch::CapturedTraceback> stack = recorder_ ? GroupRecorder::captureStack() : nullptr;
+  RecorderTicket ticket;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     checkUsable(op);
     const bool p2p = type == OpType::SEND || type == OpType::RECV || type == OpType::RECVANYSOURCE;
     const int64_t seq = p2p ? ++p2pSeq_ : ++collectiveSeq_;
+    OpParams params;
+    params.type = type;
+    params.p2p = p2p;
+    params.seq = seq;
+    params.peer = extras.peer;
+    params.inputs = &inputs;
+    params.outputs = &outputs;
+    params.inSplits = extras.inSplits;
+    params.outSplits = extras.outSplits;
     // Described only while a profiler listens: the description costs copies.
     std::optional<ParamCommsRecord> profiled;
     if (ParamCommsRecord::wanted()) {
-      OpParams params;
-      params.type = type;
-      params.p2p = p2p;
-      params.seq = seq;
-      params.peer = extras.peer;
-      params.inputs = &inputs;
-      params.outputs = &outputs;
-      params.inSplits = extras.inSplits;
-      params.outSplits = extras.outSplits;
       profiled.emplace(identity(), params);
     }
     if (grouped) {
@@ -451,6 +455,19 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
       PendingOp::start(pending, handle);
       ops.push_back(std::move(pending));
     }
+    if (recorder_) {
+      if (!recorderNamed_) {
+        recorder_->setIdentity(identity());
+        recorderNamed_ = true;
+      }
+      RecordedOp recorded;
+      recorded.op = &params;
+      recorded.cuda = cudaOp;
+      recorded.collectiveSeq = collectiveSeq_;
+      recorded.p2pSeq = p2pSeq_;
+      recorded.timeout = timeout.count() > 0 ? clampTimeout(timeout) : options_->timeout;
+      ticket = recorder_->record(recorded, ops, std::move(stack));
+    }
     if (grouped && tcc_comm_group_end(comm_) != TCC_OK) {
       // The ops carry the failure; wait() raises it.
       TORCH_WARN_ONCE("tccomm: ", op, ": ", coreErrorMessage(TCC_ERR_SYSTEM));
@@ -465,7 +482,8 @@ c10::intrusive_ptr<c10d::Work> TccBackend::run(
       }
     }
   }
-  return TccWork::create(rank_, type, op, std::move(ops), std::move(outputs), inputs, extras.sourceRank);
+  return TccWork::create(
+      rank_, type, op, std::move(ops), std::move(outputs), inputs, extras.sourceRank, std::move(ticket));
 }
 
 void TccBackend::setGlobalRanks(std::vector<uint64_t> ranks) {
@@ -474,6 +492,7 @@ void TccBackend::setGlobalRanks(std::vector<uint64_t> ranks) {
       ranks.empty() || ranks.size() == static_cast<size_t>(size_),
       "tccomm: '", groupName_, "' has ", size_, " ranks but ", ranks.size(), " global ranks were given");
   options_->global_ranks_in_group = std::move(ranks);
+  recorderNamed_ = false;
 }
 
 GroupIdentity TccBackend::identity() const {

@@ -17,6 +17,7 @@
 #include <torch/headeronly/version.h>
 
 #include "tccomm.h"
+#include "flight_recorder.hpp"
 #include "param_comms.hpp"
 #include "tensor_bufs.hpp"
 #include "work.hpp"
@@ -243,6 +244,10 @@ class TccBackend final : public c10d::Backend {
   // numbers them for the profiler).
   int64_t collectiveSeq_ = 0;
   int64_t p2pSeq_ = 0;
+  // The group's flight recorder ring (null when the recorder is off), and
+  // whether it knows the group's current name and ranks.
+  const std::shared_ptr<GroupRecorder> recorder_;
+  bool recorderNamed_ = false;
   const std::string groupName_; // as the core names the communicator
   const std::string advertiseAddr_;
   const tcc_transport_t transport_;

@@ -12,11 +12,16 @@
 //   build_info()
 //       JSON: whether the CUDA path was built, the nccl.h it was built with
 //       and the NCCL found at run time.
+//   dump_flight_recorder(path="")
+//       writes the flight recorder's dump of every group of this process
+//       (flight_recorder.hpp) to `path` or to TORCH_FR_DUMP_TEMP_FILE<rank>;
+//       returns the file written, "" when the recorder is off.
 #include <string>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/library.h>
 
+#include "flight_recorder.hpp"
 #include "rendezvous.hpp"
 
 namespace tccomm {
@@ -50,6 +55,10 @@ void create(
       choice);
   backend->setGlobalRanks(std::vector<uint64_t>(globalRanks.begin(), globalRanks.end()));
   carrier->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, backend);
+}
+
+std::string dumpRecorder(std::string path) {
+  return dumpFlightRecorder(path);
 }
 
 std::string buildInfo() {
@@ -87,6 +96,7 @@ std::string buildInfo() {
 
 TORCH_LIBRARY(tccomm, m) {
   m.def("build_info() -> str", &tccomm::buildInfo);
+  m.def("dump_flight_recorder(str path=\"\") -> str", &tccomm::dumpRecorder);
   m.def(
       "create(__torch__.torch.classes.c10d.ProcessGroup carrier, int rank, int size, "
       "int timeout_ms, str name, str advertise_addr, str transport=\"auto\", int[] global_ranks=[]) -> ()",

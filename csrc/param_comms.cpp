@@ -60,48 +60,48 @@ OpNames opNames(c10d::OpType type) {
   using c10d::OpType;
   switch (type) {
     case OpType::BROADCAST:
-      return {"tccomm:broadcast", "broadcast"};
+      return {"tccomm:broadcast", "broadcast", "broadcast"};
     case OpType::ALLREDUCE:
-      return {"tccomm:all_reduce", "allreduce"};
+      return {"tccomm:all_reduce", "allreduce", "all_reduce"};
     case OpType::ALLREDUCE_COALESCED:
-      return {"tccomm:all_reduce", "allreduce_coalesced"};
+      return {"tccomm:all_reduce", "allreduce_coalesced", "allreduce_coalesced"};
     case OpType::REDUCE:
-      return {"tccomm:reduce", "reduce"};
+      return {"tccomm:reduce", "reduce", "reduce"};
     case OpType::ALLGATHER:
-      return {"tccomm:all_gather", "all_gather"};
+      return {"tccomm:all_gather", "all_gather", "all_gather"};
     case OpType::ALLGATHER_COALESCED:
-      return {"tccomm:all_gather", "allgather_coalesced"};
+      return {"tccomm:all_gather", "allgather_coalesced", "ALLGATHER_coalesced"};
     case OpType::_ALLGATHER_BASE:
-      return {"tccomm:all_gather_into_tensor", "_allgather_base"};
+      return {"tccomm:all_gather_into_tensor", "_allgather_base", "_all_gather_base"};
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
     case OpType::ALLGATHER_INTO_TENSOR_COALESCED: // new in torch 2.14
-      return {"tccomm:all_gather_into_tensor", "allgather_into_tensor_coalesced"};
+      return {"tccomm:all_gather_into_tensor", "allgather_into_tensor_coalesced", "all_gather_into_tensor_coalesced"};
 #endif
     case OpType::GATHER:
-      return {"tccomm:gather", "gather"};
+      return {"tccomm:gather", "gather", "gather"};
     case OpType::SCATTER:
-      return {"tccomm:scatter", "scatter"};
+      return {"tccomm:scatter", "scatter", "scatter"};
     case OpType::REDUCE_SCATTER:
-      return {"tccomm:reduce_scatter", "reduce_scatter"};
+      return {"tccomm:reduce_scatter", "reduce_scatter", "reduce_scatter"};
     case OpType::_REDUCE_SCATTER_BASE:
-      return {"tccomm:reduce_scatter_tensor", "_reduce_scatter_base"};
+      return {"tccomm:reduce_scatter_tensor", "_reduce_scatter_base", "_reduce_scatter_base"};
     case OpType::REDUCE_SCATTER_TENSOR_COALESCED:
-      return {"tccomm:reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"};
+      return {"tccomm:reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced"};
     case OpType::ALLTOALL:
     case OpType::ALLTOALL_BASE:
-      return {"tccomm:all_to_all", "all_to_all"};
+      return {"tccomm:all_to_all", "all_to_all", "all_to_all"};
     case OpType::BARRIER:
-      return {"tccomm:barrier", "barrier"};
+      return {"tccomm:barrier", "barrier", "barrier"};
     case OpType::SEND:
-      return {"tccomm:send", "send"};
+      return {"tccomm:send", "send", "send"};
     case OpType::RECV:
-      return {"tccomm:recv", "recv"};
+      return {"tccomm:recv", "recv", "recv"};
     case OpType::RECVANYSOURCE:
-      return {"tccomm:recvAnySource", "recv"};
+      return {"tccomm:recvAnySource", "recv", "recv"};
     case OpType::COALESCED:
-      return {"tccomm:coalesced", "coalesced"};
+      return {"tccomm:coalesced", "coalesced", "coalesced"};
     default:
-      return {"tccomm:coalesced", "unknown"};
+      return {"tccomm:coalesced", "unknown", "coalesced"};
   }
 }
 

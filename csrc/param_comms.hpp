@@ -44,13 +44,15 @@ struct OpParams {
   const std::vector<int64_t>* outSplits = nullptr;
 };
 
-// The names torch's profiler shows for an op type: its span
-// ("tccomm:all_reduce", as gloo's "gloo:all_reduce") and nccl's collective
-// name in the metadata ("allreduce"; all_to_all with split sizes is
-// "all_to_allv", which OpParams decides).
+// The names torch's tools show for an op type: its profiler span
+// ("tccomm:all_reduce", as gloo's "gloo:all_reduce"), nccl's collective
+// name in the profiler's metadata ("allreduce"; all_to_all with split sizes
+// is "all_to_allv", which OpParams decides), and the op as torch's flight
+// recorder names it ("all_reduce"; the names its analyzer matches).
 struct OpNames {
   const char* span;
   const char* collective;
+  const char* recorder;
 };
 OpNames opNames(c10d::OpType type);
 

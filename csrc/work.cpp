@@ -150,12 +150,14 @@ TccWork::TccWork(
     std::vector<c10::intrusive_ptr<PendingOp>> ops,
     std::vector<at::Tensor> outputs,
     const std::vector<at::Tensor>& inputs,
-    int sourceRank)
+    int sourceRank,
+    RecorderTicket ticket)
     : c10d::Work(rank, type, profilingTitle(type), inputs),
       op_(op),
       ops_(std::move(ops)),
       outputs_(std::move(outputs)),
       sourceRank_(sourceRank),
+      ticket_(std::move(ticket)),
       remaining_(ops_.size()) {}
 
 c10::intrusive_ptr<TccWork> TccWork::create(
@@ -165,9 +167,10 @@ c10::intrusive_ptr<TccWork> TccWork::create(
     std::vector<c10::intrusive_ptr<PendingOp>> ops,
     std::vector<at::Tensor> outputs,
     const std::vector<at::Tensor>& inputs,
-    int sourceRank) {
-  auto work =
-      c10::make_intrusive<TccWork>(rank, type, op, std::move(ops), std::move(outputs), inputs, sourceRank);
+    int sourceRank,
+    RecorderTicket ticket) {
+  auto work = c10::make_intrusive<TccWork>(
+      rank, type, op, std::move(ops), std::move(outputs), inputs, sourceRank, std::move(ticket));
   for (auto& pending : work->ops_) {
     if (pending->device() >= 0) {
       work->device_ = pending->device();
@@ -203,6 +206,13 @@ void TccWork::complete() {
   {
     std::lock_guard<std::mutex> lock(errorMutex_);
     error = firstError_;
+  }
+  if (ticket_.recorder) {
+    const int source = sourceRank_ == kSourceFromOp && !error ? sourceRank() : -1;
+    ticket_.recorder->retire(ticket_.slot, error != nullptr, source);
+    if (error) {
+      flightRecorderSawFailure(); // the dump is written before wait() raises
+    }
   }
   finish(error);
   if (device_ >= 0) {
@@ -320,12 +330,17 @@ bool TccWork::wait(std::chrono::milliseconds timeout) {
   }
   // Every op has finished; the completion callbacks run before waiters
   // wake, so this returns at once (it also orders us after copy-backs).
+  std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return completed_; });
-    if (exception_) {
-      std::rethrow_exception(exception_);
-    }
+    error = exception_;
+  }
+  if (error) {
+    // A failure reaches the program only once the flight recorder (when
+    // on) has written what led to it: the program may exit right after.
+    awaitFailureDump();
+    std::rethrow_exception(error);
   }
   // A future made before completion is completed on the detached pool:
   // once wait() returns, its value must be readable too.

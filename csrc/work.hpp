@@ -22,6 +22,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "flight_recorder.hpp"
 #include "tccomm.h"
 #include "tensor_bufs.hpp"
 
@@ -99,7 +100,8 @@ class TccWork : public c10d::Work {
       std::vector<c10::intrusive_ptr<PendingOp>> ops,
       std::vector<at::Tensor> outputs,
       const std::vector<at::Tensor>& inputs,
-      int sourceRank = -1);
+      int sourceRank = -1,
+      RecorderTicket ticket = {});
 
   // Host ops: blocks until they finish. CUDA ops: the current stream waits.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
@@ -121,7 +123,8 @@ class TccWork : public c10d::Work {
       std::vector<c10::intrusive_ptr<PendingOp>> ops,
       std::vector<at::Tensor> outputs,
       const std::vector<at::Tensor>& inputs,
-      int sourceRank);
+      int sourceRank,
+      RecorderTicket ticket);
 
   // Called by each PendingOp when it completes.
   void opDone(const PendingOp& op);
@@ -155,6 +158,8 @@ class TccWork : public c10d::Work {
   std::mutex futureMutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_; // guarded by futureMutex_
   bool futureDue_ = false; // host ops completed; guarded by futureMutex_
+  // The op's entry in the group's flight recorder, told when it ends.
+  const RecorderTicket ticket_;
   std::atomic<size_t> remaining_;
   std::mutex errorMutex_;
   std::exception_ptr firstError_;

@@ -37,10 +37,12 @@ reports=$ASAN_DIR/reports
 if [ $# -eq 0 ]; then
   # Every op on two dtypes and one half type over shared memory (2 ranks) and
   # TCP (3 ranks), sizes 0 to ~2 Mi elements; the features, bad input and
-  # reliability cases of the same specs, and a peer that never arrives.
+  # reliability cases of the same specs, and a peer that never arrives; the
+  # flight recorder (failure, signal and on-demand dumps).
   set -- "$ROOT/tests/test_collectives.py" "$ROOT/tests/test_features.py" \
     "$ROOT/tests/test_bad_input.py" "$ROOT/tests/test_reliability.py" \
-    -k "(w2-shm-env: or w3-tcp-env: or w2-tcp-env-timeout:) and not (-MIN- or -MAX- or -BAND- or -BOR- or -BXOR- or -PRODUCT- or -PREMUL_SUM- or float64 or float16 or int8 or int16 or int32 or uint8 or bool)"
+    "$ROOT/tests/test_flight_recorder.py" \
+    -k "((w2-shm-env: or w3-tcp-env: or w2-tcp-env-timeout:) and not (-MIN- or -MAX- or -BAND- or -BOR- or -BXOR- or -PRODUCT- or -PREMUL_SUM- or float64 or float16 or int8 or int16 or int32 or uint8 or bool)) or test_flight_recorder"
 fi
 
 start=$(date +%s)

@@ -15,11 +15,11 @@ The TorchComm-style API (torchcomm_backend.comm) is loaded on first use:
 
 import importlib
 
-from torchcomm_backend._extension import build_info, load_extension
+from torchcomm_backend._extension import build_info, dump_flight_recorder, load_extension
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "build_info", "load_extension", "new_comm", "ReduceOp", "TorchComm", "TorchWork",
+__all__ = ["__version__", "build_info", "dump_flight_recorder", "load_extension", "new_comm", "ReduceOp", "TorchComm", "TorchWork",
            "TorchCommWindow"]
 
 # name -> module of the lazily loaded API (the entry point must stay cheap).

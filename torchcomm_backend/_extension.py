@@ -3,6 +3,7 @@ the package is imported, so that registering the backend stays cheap."""
 
 import importlib
 import json
+import os
 
 _extension = None
 
@@ -60,3 +61,17 @@ def build_info():
     import torch
 
     return json.loads(torch.ops.tccomm.build_info())
+
+
+def dump_flight_recorder(path=None):
+    """Writes the flight recorder's dump of every tccomm group of this
+    process, in the format of torch's flight recorder, to `path` (default:
+    TORCH_FR_DUMP_TEMP_FILE followed by the global rank). Returns the file
+    written, or None when the recorder is off (TORCH_FR_BUFFER_SIZE unset
+    or 0). Analyse the dumps of all ranks with
+    `python -m torch.distributed.flight_recorder.fr_trace <dir>`."""
+    load_extension()
+    import torch
+
+    written = torch.ops.tccomm.dump_flight_recorder(os.fspath(path) if path is not None else "")
+    return written or None

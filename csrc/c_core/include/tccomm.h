@@ -219,6 +219,11 @@ const char *tcc_op_error(const tcc_op_t *op);
  * message it received once it completed (TCC_ANY_SOURCE before); -1 for a
  * collective. */
 int tcc_op_peer(const tcc_op_t *op);
+/* 1 once the op began running (a collective reached the front of its
+ * communicator's queue, a point-to-point op reached the engine, a device op
+ * was enqueued on its stream) or finished; 0 while it waits behind others.
+ * Never blocks: what a flight recorder reports as "started". */
+int tcc_op_started(const tcc_op_t *op);
 /* Makes sure the op makes progress although no thread waits on it. Without
  * it, an op nobody waits on may start a few milliseconds late (the engine
  * does not wake a thread per submit). Call it when the op is handed to code

@@ -369,6 +369,43 @@ static void test_any_source(tcc_comm_t *comm) {
   }
 }
 
+/* tcc_op_started: a collective that reached the front of the queue has
+ * started although its peers have not joined; the one queued behind it
+ * has not; a point-to-point op starts when issued. Ranks >= 2 only join. */
+static void test_op_started(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (n < 2) return;
+  float a = 1, b = 2, token = 0;
+  tcc_op_t *first, *second, *p2p;
+  if (me == 1) { /* joins only once rank 0 has looked */
+    CHECK(tcc_recv(comm, host_buf(&token, 1, TCC_FLOAT32), 0, 9, NULL, &p2p) == TCC_OK, "recv");
+    CHECK(tcc_op_started(p2p) == 1, "an issued receive has not started");
+    CHECK(tcc_op_wait(p2p, -1) == TCC_OK, "recv: %s", tcc_op_error(p2p));
+    tcc_op_release(p2p);
+  }
+  CHECK(tcc_allreduce(comm, host_buf(&a, 1, TCC_FLOAT32), host_buf(&a, 1, TCC_FLOAT32), TCC_SUM, NULL, &first) ==
+            TCC_OK, "allreduce");
+  CHECK(tcc_allreduce(comm, host_buf(&b, 1, TCC_FLOAT32), host_buf(&b, 1, TCC_FLOAT32), TCC_SUM, NULL, &second) ==
+            TCC_OK, "allreduce");
+  if (me == 0) {
+    tcc_op_start(first);
+    for (int i = 0; i < 5000 && !tcc_op_started(first); i++) usleep(1000);
+    CHECK(tcc_op_started(first) == 1, "the first allreduce did not start within 5 s");
+    CHECK(tcc_op_started(second) == 0, "the second allreduce started before the first finished");
+    CHECK(tcc_op_test(first) == 0, "the first allreduce finished without rank 1");
+    token = 1;
+    CHECK(tcc_send(comm, host_buf(&token, 1, TCC_FLOAT32), 1, 9, NULL, &p2p) == TCC_OK, "send");
+    CHECK(tcc_op_wait(p2p, -1) == TCC_OK, "send: %s", tcc_op_error(p2p));
+    tcc_op_release(p2p);
+  }
+  CHECK(tcc_op_wait(first, -1) == TCC_OK && tcc_op_wait(second, -1) == TCC_OK, "allreduce: %s %s",
+        tcc_op_error(first), tcc_op_error(second));
+  CHECK(tcc_op_started(first) && tcc_op_started(second), "finished ops must count as started");
+  CHECK(a == (float)n && b == (float)(2 * n), "allreduce gave %f and %f", a, b);
+  tcc_op_release(first);
+  tcc_op_release(second);
+}
+
 static void all_tests(tcc_comm_t *comm) {
   test_unwaited_collective(comm);
   test_allreduce(comm);
@@ -379,6 +416,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_p2p(comm);
   test_any_source(comm);
   test_mismatch(comm);
+  test_op_started(comm);
   /* Again while the engine is busy (it polls rather than being woken). */
   test_unwaited_collective(comm);
   test_peer_leaves_early(comm); /* last: ranks 2.. leave here */

@@ -78,7 +78,8 @@ struct tcc_op {
   size_t bytes;
   size_t done_bytes;   /* p2p progress, header included */
   int64_t timeout_ms;
-  int64_t deadline_ns; /* set when the op starts */
+  int64_t deadline_ns; /* set when the op starts (tcc__op_begin) */
+  atomic_int started;  /* 1 from then on: read by other threads (tcc_op_started) */
   uint64_t seq;        /* collective sequence number */
   struct tcc_op *next; /* link in one list of its executor */
   /* completion */
@@ -137,6 +138,14 @@ tcc_result_t tcc__comm_failure(tcc_comm_t *comm, char *msg, size_t len);
 
 /* The allocator of tcc_set_device_allocator, or NULL (core/device_alloc.c). */
 const tcc_device_allocator_t *tcc__device_allocator(void);
+
+/* Marks `op` as running from now: its own timeout starts to count, and
+ * tcc_op_started() reports it to other threads. Called by the executor
+ * that runs it, once. */
+static inline void tcc__op_begin(tcc_op_t *op) {
+  op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
+  atomic_store_explicit(&op->started, 1, memory_order_release);
+}
 
 /* Finishes an op: records result/message, runs the callback, wakes waiters. */
 void tcc__op_finish(tcc_op_t *op, tcc_result_t result, const char *msg);

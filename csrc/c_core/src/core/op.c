@@ -60,6 +60,11 @@ tcc_result_t tcc_op_wait(tcc_op_t *op, int64_t timeout_ms) {
   return op->exec->wait(op, timeout_ms);
 }
 
+int tcc_op_started(const tcc_op_t *op) {
+  tcc_op_t *o = (tcc_op_t *)op;
+  return atomic_load_explicit(&o->started, memory_order_acquire) || atomic_load(&o->finished);
+}
+
 int tcc_op_peer(const tcc_op_t *op) {
   if (op->kind == TCC_OP_COLL) return -1;
   if (op->peer != TCC_ANY_SOURCE) return op->peer;

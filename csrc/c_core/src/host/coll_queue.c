@@ -24,7 +24,7 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
     return;
   }
   tcc_err_t err = {TCC_OK, {0}};
-  op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
+  tcc__op_begin(op);
   tcc_coll_t *c = &op->coll; /* for the mutation sites */
   if (TCC_MUTANT(BROADCAST_WRONG_ROOT) && c->kind == TCC_COLL_BROADCAST) c->root = (c->root + 1) % comm->size; /* MUTATION SITE */
   if (TCC_MUTANT(REDUCE_SCATTER_SWAP) && c->kind == TCC_COLL_REDUCE_SCATTER && comm->size > 1) { void *t = c->sends[0]; c->sends[0] = c->sends[1]; c->sends[1] = t; } /* MUTATION SITE */

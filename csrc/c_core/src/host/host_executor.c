@@ -65,7 +65,7 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     pthread_mutex_unlock(&e->lock);
     return TCC_OK;
   }
-  op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
+  tcc__op_begin(op);
   tcc__queue_push(&e->p2p_new_head, &e->p2p_new_tail, op);
   e->p2p_pending++;
   int idle = e->p2p_idle;

@@ -54,7 +54,7 @@ static tcc_result_t complete_enqueue(tcc_comm_t *comm, struct tcc__cuda *c, tcc_
                         "captured (cudaGraphRetainUserObject)",
                         tcc__op_name(op), comm->name, comm->rank);
   }
-  op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
+  tcc__op_begin(op);
   atomic_store(&nccl_op_of(op)->event, ev); /* after the fields its readers check */
   if (!captured) tcc__cuda_watch(c, op);
   return TCC_OK;
