@@ -1,0 +1,237 @@
+"""tccomm jobs across simulated hosts (tests/_netns.py): one torchrun per host,
+multi-node, as on a real cluster (tests/_multihost_launch.py), the ranks
+running tests/_multihost_job.py.
+
+Per layout (hosts x ranks per host), one job runs every scenario; each test
+reports one scenario of it:
+  * every c10d collective and send/recv, results checked exactly on every rank;
+  * the world spans hosts: each rank ran on its own host's hostname, and the
+    core's INFO line says it chose tcp because a rank is on another host;
+  * subgroups within one host (shm) and across hosts (tcp), checked exactly;
+  * a 2-D DeviceMesh (inter-host x intra-host), each dimension's group;
+and on 3 hosts, a host whose processes are all killed at once while the
+others wait in an all_reduce: they must fail at once, saying so.
+Every test skips, saying why, where namespaces cannot be created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import _netns
+from _multihost_launch import Job
+
+# A job runs several cases: twice the per-case hang limit of the other suites.
+JOB_TIMEOUT = 2 * float(os.environ.get("TCCOMM_TEST_CASE_TIMEOUT", "75"))
+LAYOUTS = [(2, 2), (3, 1), (3, 2)]  # (hosts, ranks per host)
+SCENARIOS = ["collectives", "identity", "subgroups", "mesh"]
+
+
+def layout_id(layout):
+    return f"{layout[0]}hosts-x{layout[1]}"
+
+
+class Done:
+    """A finished job: what its ranks reported, read back after the hosts are gone."""
+
+    def __init__(self, job: Job, hostnames: list[str]):
+        self.job, self.hostnames, self.nproc = job, hostnames, job.nproc
+        self.world = job.world
+
+    def host_of(self, rank: int) -> str:
+        return self.hostnames[rank // self.nproc]
+
+    def result(self, rank: int, scenario: str) -> dict | None:
+        return self.job.find(rank, "result", case=scenario)
+
+    def log(self, rank: int) -> list[str]:
+        """Rank's TCCOMM_DEBUG lines (its file is named by host and pid)."""
+        hello = self.job.find(rank, "hello")
+        path = os.path.join(self.job.out_dir, f"tccomm.{hello['hostname']}.{hello['pid']}.log")
+        with open(path) as f:
+            return f.read().splitlines()
+
+
+_skip_reason: list[str] = []  # once namespaces failed, every test skips at once
+
+
+@contextlib.contextmanager
+def cluster(n: int):
+    """n simulated hosts, or a skip saying why they cannot be made here."""
+    if _skip_reason:
+        pytest.skip(_skip_reason[0])
+    c = _netns.Cluster(n)
+    try:
+        c.start()
+    except _netns.NamespaceUnavailable as e:
+        _skip_reason.append(f"cannot simulate hosts here: {e}")
+        pytest.skip(_skip_reason[0])
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """layout -> Done: each layout's job runs once (on first use) on a
+    cluster of its own; a failed job fails every test of its layout."""
+    done: dict = {}
+
+    def get(layout) -> Done:
+        if layout not in done:
+            hosts, nproc = layout
+            try:
+                with cluster(hosts) as c:
+                    job = Job(c, nproc, SCENARIOS, str(tmp_path_factory.mktemp(layout_id(layout))))
+                    try:
+                        codes = job.wait(JOB_TIMEOUT)
+                    finally:
+                        job.stop()
+                    names = [h.hostname for h in c.hosts]
+                if codes != [0] * hosts:
+                    raise AssertionError(f"torchrun exit codes {codes}\n{job.outputs()}")
+                done[layout] = Done(job, names)
+            except AssertionError as e:  # JobFailed too
+                done[layout] = e
+        if isinstance(done[layout], Exception):
+            pytest.fail(f"the {layout_id(layout)} job failed: {done[layout]}", pytrace=False)
+        return done[layout]
+
+    return get
+
+
+def passed(d: Done, scenario: str) -> None:
+    """Every rank reported a pass of `scenario`."""
+    bad = []
+    for r in range(d.world):
+        res = d.result(r, scenario)
+        if res is None or res["status"] != "pass":
+            bad.append(f"rank {r}: " + (res["msg"] if res else "no result"))
+    assert not bad, f"{scenario} failed:\n" + "\n".join(bad) + "\n" + d.job.outputs()
+
+
+def expected_choice(d: Done, members: list[int]) -> str:
+    """The INFO text (select.c) a group of these global ranks must log at
+    creation: shm when all are on one host, else tcp naming the first group
+    rank on another host than group rank 0."""
+    hosts = [d.host_of(q) for q in members]
+    other = next((i for i, h in enumerate(hosts) if h != hosts[0]), None)
+    if other is None:
+        return f"all {len(members)} ranks on host {hosts[0]} share /dev/shm: shm"
+    return f"rank {other} is on another host ({hosts[other]}; rank 0 is on {hosts[0]}): tcp"
+
+
+def check_choice(d: Done, rank: int, name: str, members: list[int]) -> None:
+    lines = [ln for ln in d.log(rank) if f"TCCOMM INFO communicator '{name}': " in ln]
+    want = f"communicator '{name}': {expected_choice(d, members)}"
+    assert len(lines) == 1 and lines[0].endswith(want), (
+        f"rank {rank}, group {members}: expected one INFO line ending {want!r}; got {lines}")
+
+
+# ---------------------------------------------------------------------------
+
+
+def test_environment():
+    """The simulated hosts themselves: own hostnames and /dev/shm, TCP
+    between them by address and by name, kill_all, and nothing left after close."""
+    with cluster(3) as c:
+        names = [h.run(["hostname"], capture_output=True, text=True).stdout.strip() for h in c.hosts]
+        assert names == [h.hostname for h in c.hosts] and len(set(names)) == 3
+        assert socket.gethostname() not in names
+        c.hosts[0].run(["sh", "-c", "echo x > /dev/shm/mark"], check=True)
+        seen = [h.run(["ls", "/dev/shm"], capture_output=True, text=True).stdout.split() for h in c.hosts]
+        assert seen == [["mark"], [], []] and not os.path.exists("/dev/shm/mark")
+        server = c.hosts[1].popen([sys.executable, "-c",
+                                   "import socket; s = socket.create_server(('', 7000)); c, a = s.accept();"
+                                   "c.sendall((socket.gethostname() + ' ' + a[0]).encode())"],
+                                  stdout=subprocess.PIPE, text=True)
+        client = ("import socket, time\nfor _ in range(100):\n  try: s = socket.create_connection(('%s', 7000)); break\n"
+                  "  except OSError: time.sleep(0.05)\nprint(s.recv(100).decode())" % c.hosts[1].hostname)
+        out = c.hosts[2].run([sys.executable, "-c", client], capture_output=True, text=True, timeout=30)
+        assert out.stdout.split() == [c.hosts[1].hostname, c.hosts[2].addr], out
+        server.wait(timeout=30)
+        sleeper = c.hosts[1].popen(["sleep", "300"])
+        c.hosts[1].kill_all()
+        assert sleeper.wait(timeout=10) != 0
+        holders = [h.pid for h in c.hosts]
+    assert not [p for p in holders if os.path.exists(f"/proc/{p}")], "holders left after close"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=layout_id)
+def test_collectives_across_hosts(jobs, layout):
+    passed(jobs(layout), "collectives")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=layout_id)
+def test_world_knows_it_spans_hosts(jobs, layout):
+    d = jobs(layout)
+    passed(d, "identity")
+    for r in range(d.world):
+        hello = d.job.find(r, "hello")
+        assert (hello["hostname"], hello["node"]) == (d.host_of(r), r // d.nproc), f"rank {r}: {hello}"
+        log = d.log(r)
+        assert log and all(ln.startswith(f"{d.host_of(r)}:") for ln in log), f"rank {r}'s log: {log[:3]}"
+        check_choice(d, r, "tccomm:0", list(range(d.world)))
+        created = [ln for ln in log if "communicator 'tccomm:0' created" in ln]
+        assert created and f"rank {r} of {d.world}, transport tcp" in created[0], created
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=layout_id)
+@pytest.mark.parametrize("scenario", ["subgroups", "mesh"])
+def test_groups_within_and_across_hosts(jobs, layout, scenario):
+    """Each group's collectives checked exactly (in the job); its transport
+    from the INFO log: shm within a host, tcp across."""
+    d = jobs(layout)
+    passed(d, scenario)
+    for r in range(d.world):
+        groups = d.job.find(r, "groups", case=scenario)["groups"]
+        for label, g in groups.items():
+            check_choice(d, r, g["name"], g["ranks"])
+        if scenario == "mesh":
+            assert set(groups) == {"inter", "intra"}
+
+
+def test_dead_host_fails_the_others_at_once(tmp_path):
+    """3 hosts x 2 ranks: after a first all_reduce, host 2's processes
+    (torchrun and both ranks) are SIGKILLed at once while the others wait
+    in the next all_reduce. They must raise at once (not at the 10 s group
+    timeout), naming the op, the group, themselves and a rank that went,
+    and a group without host 2 must still work."""
+    hosts, nproc, victim, pg_timeout = 3, 2, 2, 10
+    survivors = [r for r in range(hosts * nproc) if r // nproc != victim]
+    dead = [r for r in range(hosts * nproc) if r // nproc == victim]
+    with cluster(hosts) as c:
+        job = Job(c, nproc, ["host_death"], str(tmp_path),
+                  env={"TCCOMM_MH_PG_TIMEOUT": str(pg_timeout), "TCCOMM_MH_VICTIM": str(victim)})
+        try:
+            job.wait_for("rank inside the second all_reduce", lambda: all(
+                job.find(r, "entering") for r in survivors) and all(job.find(r, "waiting") for r in dead),
+                JOB_TIMEOUT)
+            time.sleep(0.2)  # the survivors are blocked in it by now
+            t_kill = time.time()
+            c.hosts[victim].kill_all()
+            job.wait_for("result from every surviving rank",
+                         lambda: all(job.find(r, "result") for r in survivors), 3 * pg_timeout)
+            # Their torchruns would now wait 300 s for host 2's at the exit barrier.
+        finally:
+            job.stop()
+    passed_on = [r for r in survivors if job.find(r, "result")["status"] == "pass"]
+    assert passed_on == survivors, "\n".join(job.find(r, "result")["msg"] for r in survivors) + job.outputs()
+    for r in survivors:
+        f = job.find(r, "failed")
+        took = f["t"] - t_kill
+        assert took < 2.0, f"rank {r} failed {took:.2f} s after the kill (group timeout {pg_timeout} s): {f}"
+        assert f["type"] in ("DistBackendError", "RuntimeError"), f
+        msg = f["msg"]
+        assert re.search(r"\ballreduce\b", msg) and "'tccomm:0'" in msg and f"rank {r}:" in msg, msg
+        gone = re.search(r"rank (\d+) is gone", msg)
+        assert gone and int(gone.group(1)) in dead, f"rank {r}'s error names no rank of host {victim}: {msg}"
