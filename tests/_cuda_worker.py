@@ -19,6 +19,9 @@ Scenarios:
   ddp       5 DDP steps on CUDA: same parameters as the same run on `nccl`
   timeout   a peer never joins: the op fails after the group's timeout
             naming op, group and rank; the process lives on
+  tools     what torch's tools see of CUDA ops: the profiler's tccomm span,
+            record_param_comms and NCCL's kernels on the device; the flight
+            recorder's entry, named "nccl:all_reduce", completed
   selfcheck no GPU, no group: the host references and comparisons used by
             `ops` accept a right result (in another order of the ranks) and
             reject wrong ones
@@ -43,6 +46,7 @@ import torch.distributed as dist  # noqa: E402
 
 import _reference as ref  # noqa: E402
 
+OUTDIR = ""  # set by main(): where the rank reports (and may write files)
 RANK = 0    # set by main() from the environment torchrun-style launchers give
 WORLD = 1
 DEV = torch.device("cuda", 0)
@@ -331,6 +335,34 @@ def scenario_split():
     torch.cuda.synchronize()
 
 
+def scenario_tools():
+    import pickle
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    import torchcomm_backend
+
+    init()
+    t = torch.full((1 << 16,), float(RANK + 1), device=DEV)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+    want = float(WORLD * (WORLD + 1) // 2)
+    assert torch.all(t == want).item(), f"all_reduce: {t[:4]} != {want}"
+    events = prof.events()
+    names = {e.name for e in events}
+    assert "tccomm:all_reduce" in names and "record_param_comms" in names, sorted(names)
+    kernels = [e.name for e in events if e.device_type == DeviceType.CUDA and "nccl" in e.name.lower()]
+    assert kernels, f"no NCCL kernel on the device side: {sorted(names)}"
+    path = torchcomm_backend.dump_flight_recorder(os.path.join(OUTDIR, f"fr_{RANK}"))
+    assert path is not None, "the flight recorder is off (TORCH_FR_BUFFER_SIZE)"
+    with open(path, "rb") as f:
+        entries = pickle.load(f)["entries"]
+    assert [e["profiling_name"] for e in entries] == ["nccl:all_reduce"], entries
+    assert entries[0]["state"] == "completed" and entries[0]["input_sizes"] == [[1 << 16]], entries[0]
+
+
 def scenario_ddp():
     import copy
 
@@ -427,8 +459,9 @@ def init(**kw):
 
 
 def main():
-    global RANK, WORLD
+    global RANK, WORLD, OUTDIR
     scenario, outdir = sys.argv[1], sys.argv[2]
+    OUTDIR = outdir
     RANK = int(os.environ.get("RANK", "0"))
     WORLD = int(os.environ.get("WORLD_SIZE", "1"))
     events = _rank.Events(outdir, RANK)

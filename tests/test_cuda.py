@@ -185,7 +185,7 @@ def test_cuda_references_reject_wrong_results():
 
 # ---- GPU ---------------------------------------------------------------------------
 
-def run_scenario(scenario, world):
+def run_scenario(scenario, world, extra_env=None):
     """Runs `scenario` with `world` ranks on cuda:0 (tests/_group.py: a rank
     that shows no progress for GPU_TIMEOUT s is hung, its stack dumped);
     fails the test unless every rank passed it and exited with code 0."""
@@ -198,6 +198,7 @@ def run_scenario(scenario, world):
                  CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
         if world > 1:
             e.update(_group.shared_gpu_env(rank))
+        e.update(extra_env or {})
         return e
 
     _group.run_scenario_or_fail(outdir, world, lambda rank: [WORKER, scenario, outdir], env, scenario, GPU_TIMEOUT)
@@ -226,6 +227,11 @@ def test_cuda_graph_capture_and_replay(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_split_group_splits_the_nccl_communicator(world):
     run_scenario("split", world)
+
+
+@needs_gpu
+def test_profiler_and_flight_recorder_see_cuda_ops():
+    run_scenario("tools", 2, {"TORCH_FR_BUFFER_SIZE": "16"})
 
 
 @needs_gpu
