@@ -363,7 +363,11 @@ std::string ranksText(const GroupIdentity& id) {
 }
 
 bool pythonUsable() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing(); // public from 3.13 on
+#else
   return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
 }
 
 // The frames of every captured stack, as torch's dump lists them.
