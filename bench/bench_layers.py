@@ -1,0 +1,155 @@
+"""Where the time of a small all_reduce goes: the same 8-byte all_reduce
+(2 float32) through every entry point, from the C core up, at 2 ranks on
+one host.
+
+    python bench/bench_layers.py                 # 2 ranks, shared memory
+    python bench/bench_layers.py --world 4 --csv layers.csv
+
+Layers, each timed in the conventions of bench/bench_collectives.py
+(warm-up, then the median of 5 batches of the slowest rank's time per call):
+  core      a C program driving the core directly (csrc/c_core/tests/
+            bench_latency.c: tcc_allreduce + tcc_op_wait), built if missing
+  torchcomm the TorchComm-style API: comm.all_reduce(t, SUM, async_op=False)
+  funcol    torch.ops._c10d_functional.all_reduce + wait_tensor, what
+            compiled code calls
+  c10d      dist.all_reduce(t), eager c10d
+  gloo      dist.all_reduce(t) on a gloo group, for reference
+Each layer's "above core" column is its time minus the core's: what the
+layers above the core add. Every result is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORE = os.path.join(ROOT, "csrc", "c_core")
+WARMUP = 2000
+BATCHES = 5
+
+
+def core_time(world: int) -> float:
+    """Median microseconds per call of the C program (one line it prints)."""
+    exe = os.path.join(CORE, "build", "bench_latency")
+    subprocess.run(["make", "-s", "-C", CORE, "build/bench_latency"], check=True)
+    out = subprocess.run([exe, str(world), "shm"], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"median ([0-9.]+) us per call", out)
+    if not m:
+        raise RuntimeError(f"bench_latency printed no median:\n{out}")
+    return float(m.group(1))
+
+
+def rank_main(rank: int, world: int, calls: int, out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import torchcomm_backend
+
+    dist.init_process_group("tccomm", rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    store = dist.PrefixStore("layers-comm", dist.distributed_c10d._get_default_store())
+    comm = torchcomm_backend.new_comm("tccomm", torch.device("cpu"), store=store)
+    group_name = dist.group.WORLD.group_name
+    want = float(world * (world + 1) // 2)
+    ops = torch.ops._c10d_functional
+
+    def c10d(t):
+        dist.all_reduce(t)
+        return t
+
+    def gloo_call(t):
+        dist.all_reduce(t, group=gloo)
+        return t
+
+    def funcol(t):
+        return ops.wait_tensor(ops.all_reduce(t, "sum", group_name))
+
+    def torchcomm(t):
+        comm.all_reduce(t, torchcomm_backend.ReduceOp.SUM, async_op=False)
+        return t
+
+    rows = []
+    for name, call in [("torchcomm", torchcomm), ("funcol", funcol), ("c10d", c10d), ("gloo", gloo_call)]:
+        n = calls // 10 if name == "gloo" else calls  # gloo is ~10x slower
+        for _ in range(WARMUP // (10 if name == "gloo" else 1)):
+            got = call(torch.full((2,), float(rank + 1)))
+            assert got[0].item() == want, (name, got)
+        batches = []
+        for _ in range(BATCHES):
+            dist.barrier(group=gloo)
+            inputs = [torch.full((2,), float(rank + 1)) for _ in range(n)]  # made outside the clock
+            outputs = [None] * n
+            start = time.perf_counter()
+            for i, t in enumerate(inputs):
+                outputs[i] = call(t)  # funcol's result is a new tensor
+            elapsed = (time.perf_counter() - start) / n * 1e6
+            assert all(t[0].item() == want for t in outputs[:: max(1, n // 100)]), name
+            slowest = torch.tensor([elapsed], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=gloo)
+            batches.append(slowest.item())
+        rows.append((name, statistics.median(batches), batches))
+    if rank == 0:
+        with open(out_path, "w") as f:
+            for name, med, batches in rows:
+                f.write(f"{name},{med:.3f},{';'.join(f'{b:.3f}' for b in batches)}\n")
+    comm.finalize()
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=20000, help="calls per batch (gloo: a tenth)")
+    ap.add_argument("--csv", help="also write the table here")
+    args = ap.parse_args()
+
+    out = os.path.join(ROOT, "bench", "results", f"layers.w{args.world}.tmp")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    port = free_port()
+    procs = []
+    for rank in range(args.world):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE=str(args.world), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__, "--rank", str(rank), str(args.world),
+                                       str(args.calls), out], env=env))
+    if any(p.wait(timeout=600) != 0 for p in procs):
+        sys.exit("bench_layers: a rank failed")
+    core = core_time(args.world)
+    rows = [("core", core, [])]
+    with open(out) as f:
+        for line in f:
+            name, med, batches = line.strip().split(",")
+            rows.append((name, float(med), [float(b) for b in batches.split(";")]))
+    os.remove(out)
+
+    lines = [f"8 B all_reduce, {args.world} ranks on one host, us per call (median of {BATCHES} batches,"
+             f" slowest rank)", f"{'layer':<10} {'us':>8} {'above core':>11}  batches"]
+    for name, med, batches in rows:
+        above = "" if name == "core" else f"{med - core:+.2f}"
+        lines.append(f"{name:<10} {med:8.2f} {above:>11}  {' '.join(f'{b:.2f}' for b in batches)}")
+    print("\n".join(lines))
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("layer,world,us_per_call,us_above_core\n")
+            for name, med, _ in rows:
+                f.write(f"{name},{args.world},{med:.3f},{med - core:.3f}\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank":
+        rank_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    else:
+        main()

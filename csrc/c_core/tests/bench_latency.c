@@ -1,0 +1,76 @@
+/*
+ * bench_latency.c - time per small all_reduce when a program drives the
+ * core directly: tcc_allreduce of 2 float32 (8 bytes) + tcc_op_wait +
+ * tcc_op_release, no torch. The floor under every layer above it
+ * (bench/bench_layers.py prints it next to them).
+ *
+ * Usage: bench_latency [ranks] [shm|tcp]   (default: 2 shm)
+ * Prints one line per batch on rank 0, then
+ *   "core 8 B allreduce, <n> ranks, <transport>: median <us> us per call"
+ * Every result is checked (the sum of the ranks' values).
+ */
+#include <stdlib.h>
+
+#include "check.h"
+#include "group.h"
+
+#define WARMUP 2000
+#define BATCHES 5
+#define CALLS 20000
+
+static double median(double *v, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  return v[n / 2];
+}
+
+static int allreduce_once(tcc_comm_t *comm, float *x) {
+  const tcc_buf_t b = {x, 2, TCC_FLOAT32, -1, NULL};
+  tcc_op_t *op;
+  if (tcc_allreduce(comm, b, b, TCC_SUM, NULL, &op) != TCC_OK) return 0;
+  const tcc_result_t r = tcc_op_wait(op, -1);
+  tcc_op_release(op);
+  return r == TCC_OK;
+}
+
+static void bench(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const float want = (float)(n * (n + 1) / 2);
+  double per_call[BATCHES];
+  for (int i = 0; i < WARMUP; i++) {
+    float x[2] = {(float)(me + 1), (float)(me + 1)};
+    CHECK(allreduce_once(comm, x) && x[0] == want && x[1] == want, "warm-up allreduce gave %f", x[0]);
+  }
+  for (int b = 0; b < BATCHES; b++) {
+    float token[2] = {0, 0}; /* lines the ranks up before each batch */
+    CHECK(allreduce_once(comm, token), "barrier");
+    const int64_t start = tcc__now_ns();
+    for (int i = 0; i < CALLS; i++) {
+      float x[2] = {(float)(me + 1), (float)(me + 1)};
+      if (!allreduce_once(comm, x) || x[0] != want) {
+        CHECK(0, "allreduce %d of batch %d gave %f, want %f", i, b, x[0], want);
+        return;
+      }
+    }
+    per_call[b] = (double)(tcc__now_ns() - start) / CALLS / 1000.0;
+    if (me == 0) printf("batch %d: %.2f us per call\n", b, per_call[b]);
+  }
+  if (me == 0)
+    printf("core 8 B allreduce, %d ranks, %s: median %.2f us per call\n", n, tcc_comm_transport_name(comm),
+           median(per_call, BATCHES));
+  fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+  const int n = argc > 1 ? atoi(argv[1]) : 2;
+  const char *transport = argc > 2 ? argv[2] : "shm";
+  if (n < 1 || n > 8 || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0)) {
+    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp]\n");
+    return 2;
+  }
+  return run_group(n, transport, 60000, "bench-latency", bench);
+}
