@@ -42,6 +42,13 @@ bench_<time>_busbw.png and bench_<time>_time.png (busbw and time against
 size, one line per backend; bench/plot_results.py, which also plots an
 existing CSV) and prints a table of ratios (gloo time / tccomm time: above 1
 means tccomm is faster).
+
+--backends tccomm,gloo,openmpi adds Open MPI (CPU only, optional: needs
+mpirun and mpi4py; when missing, one line says so and the run goes on
+without it): after the torch.distributed backends of each world size,
+bench_mpi.py runs the same points as a separate mpirun job, measured and
+verified the same way, into the same CSV, table (openmpi time / tccomm time)
+and plots.
 """
 
 from __future__ import annotations
@@ -150,7 +157,7 @@ def worker(args) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dtype = getattr(torch, args.dtype)
     elem = DTYPE_BYTES[args.dtype]
-    backends = args.backends.split(",")
+    backends = [b for b in args.backends.split(",") if b != MPI]  # openmpi: its own job
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -305,6 +312,7 @@ def worker(args) -> None:
 
 
 HOST_OP = "allreduce_host_time"
+MPI = "openmpi"  # not a torch.distributed backend: measured by bench_mpi.py under mpirun
 
 
 def host_time_per_call(dist, torch, device, backend, group, args) -> float:
@@ -443,8 +451,8 @@ def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
     idx = {(r["world"], r["backend"], r["op"], r["bytes"]): r for r in rows}
     worlds = sorted({r["world"] for r in rows})
     ops = [op for op in args.ops.split(",")]
-    if len(backends) > 1:
-        a, b = backends[0], backends[1]
+    a = backends[0]
+    for b in backends[1:]:  # one table per peer of the first backend
         for world in worlds:
             sizes = sorted({r["bytes"] for r in rows if r["world"] == world})
             print(f"\n{b} time / {a} time (above 1: {a} is faster), {world} ranks")
@@ -495,26 +503,9 @@ def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
         print(f"wrote {png}")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="tensors on CPU (peer: gloo) or CUDA (peer: nccl)")
-    p.add_argument("--worlds", default=None,
-                   help="world sizes, e.g. 2,4 (default: 2,4 on CPU; 1 and #GPUs on CUDA)")
-    p.add_argument("--backends", default=None,
-                   help="the first is the default group; ratios are second / first "
-                        "(default: tccomm,gloo on CPU, tccomm,nccl on CUDA)")
-    p.add_argument("--host-count", type=int, default=256,
-                   help="CUDA, world 1: floats per all_reduce in the host-time measurement")
-    p.add_argument("--host-iters", type=int, default=2000,
-                   help="CUDA, world 1: calls per round of the host-time measurement")
-    p.add_argument("--host-chunk", type=int, default=50,
-                   help="CUDA, world 1: calls timed between two device synchronizes "
-                        "(outside the clock) in the host-time measurement")
-    p.add_argument("--host-only", action="store_true",
-                   help="CUDA: only the host time per eager all_reduce call, at world size 1 "
-                        "(no sweep)")
-    p.add_argument("--gpus", type=int, default=0, help=argparse.SUPPRESS)
+def add_sweep_options(p: argparse.ArgumentParser) -> None:
+    """The options of a sweep that every peer's benchmark shares (ops, dtype,
+    sizes, timing conventions, output), so all are measured alike."""
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32",
                    help="element type of every tensor (bfloat16: what tensor-parallel inference sends)")
@@ -533,6 +524,30 @@ def main() -> None:
     p.add_argument("--max-iters", type=int, default=2000)
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     p.add_argument("--timeout", type=float, default=1800, help="per world size, seconds")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="tensors on CPU (peer: gloo) or CUDA (peer: nccl)")
+    p.add_argument("--worlds", default=None,
+                   help="world sizes, e.g. 2,4 (default: 2,4 on CPU; 1 and #GPUs on CUDA)")
+    p.add_argument("--backends", default=None,
+                   help="the first is the default group; ratios are second / first "
+                        "(default: tccomm,gloo on CPU, tccomm,nccl on CUDA); "
+                        "openmpi adds Open MPI through bench_mpi.py (CPU, optional)")
+    p.add_argument("--host-count", type=int, default=256,
+                   help="CUDA, world 1: floats per all_reduce in the host-time measurement")
+    p.add_argument("--host-iters", type=int, default=2000,
+                   help="CUDA, world 1: calls per round of the host-time measurement")
+    p.add_argument("--host-chunk", type=int, default=50,
+                   help="CUDA, world 1: calls timed between two device synchronizes "
+                        "(outside the clock) in the host-time measurement")
+    p.add_argument("--host-only", action="store_true",
+                   help="CUDA: only the host time per eager all_reduce call, at world size 1 "
+                        "(no sweep)")
+    p.add_argument("--gpus", type=int, default=0, help=argparse.SUPPRESS)
+    add_sweep_options(p)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--results", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -558,12 +573,26 @@ def main() -> None:
         args.max_bytes = min(args.max_bytes, 1 << 20)
         args.time_per_point = min(args.time_per_point, 0.05)
         args.warmup = min(args.warmup, 2)
+    if MPI in args.backends.split(",") and args.device == "cuda":
+        p.error("openmpi is measured on CPU tensors only")
     if args.worker:
         if "tccomm" in args.backends.split(","):
             import torch  # noqa: F401  (the entry point registers tccomm)
             import torchcomm_backend  # noqa: F401
         worker(args)
         return
+
+    mpi = MPI in args.backends.split(",")
+    if mpi:
+        import bench_mpi
+        why = bench_mpi.missing()
+        if why:
+            print(f"{MPI}: not available ({why}); going on without it")
+            mpi = False
+            args.backends = ",".join(b for b in args.backends.split(",") if b != MPI)
+            if not args.backends:
+                raise SystemExit("no backend left to measure")
+    torch_backends = [b for b in args.backends.split(",") if b != MPI]
 
     os.makedirs(args.out_dir, exist_ok=True)
     stem = os.path.join(args.out_dir, "bench_" + time.strftime("%Y%m%d-%H%M%S"))
@@ -576,9 +605,13 @@ def main() -> None:
         what = ("host time per eager all_reduce call only" if args.host_only
                 else f"{human(args.min_bytes)} .. {human(args.max_bytes)}")
         print(f"\n== {world} ranks, {args.backends}, {what}", flush=True)
-        run_world(args, world, raw)
-    rows = [json.loads(line) for line in open(raw)]
-    os.remove(raw)
+        if torch_backends:
+            run_world(args, world, raw)
+        if mpi:  # a separate mpirun job, after the torch.distributed backends
+            bench_mpi.run_world(args, world, raw)
+    rows = [json.loads(line) for line in open(raw)] if os.path.exists(raw) else []
+    if os.path.exists(raw):
+        os.remove(raw)
     report(args, rows, memcpy, stem)
     print(f"total {time.monotonic() - t0:.0f} s")
 

@@ -11,7 +11,8 @@ each a grid with one panel per (world size, op): a row per world size, a
 column per op, one line per backend found in the CSV (the first backend of
 the run solid, the others dashed), both axes logarithmic. The busbw panels
 also show the single-core memcpy bandwidth the run measured (dotted), when
-the CSV has it. bench_collectives.py calls the same code at the end of a run.
+the CSV has it. bench_collectives.py calls the same code at the end of a run,
+and so does bench_mpi.py (its CSVs, backend "openmpi", are plotted the same way).
 
 Needs matplotlib (not a dependency of the tccomm package; scripts/setup_env.sh
 installs it): without it nothing is plotted, and the reason is printed.
