@@ -65,13 +65,16 @@ def collectives(ev) -> None:
         t = inp(r, n)
         dist.all_reduce(t)
         check(f"all_reduce SUM n={n}", t, sum(inp(q, n) for q in range(W)))
-    t = (inp(r, 1001, torch.int64) % 17) - r
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    check("all_reduce MAX int64", t, torch.stack([(inp(q, 1001, torch.int64) % 17) - q for q in range(W)]).amax(0))
+    for n in (1001, 30_001):  # flat, and hierarchical where hosts hold several ranks
+        t = (inp(r, n, torch.int64) % 17) - r
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        check(f"all_reduce MAX int64 n={n}", t, torch.stack([(inp(q, n, torch.int64) % 17) - q for q in range(W)]).amax(0))
 
-    t = inp(r, 513)
-    dist.broadcast(t, src=W - 1)
-    check("broadcast", t, inp(W - 1, 513))
+    for n in (513, 100_001):
+        for src in sorted({W - 1, 1 % W}):  # the last rank, and one that leads no host
+            t = inp(r, n)
+            dist.broadcast(t, src=src)
+            check(f"broadcast n={n} from {src}", t, inp(src, n))
 
     t = inp(r, 257, torch.int64)
     dist.reduce(t, dst=1)

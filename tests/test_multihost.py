@@ -6,7 +6,9 @@ Per layout (hosts x ranks per host), one job runs every scenario; each test
 reports one scenario of it:
   * every c10d collective and send/recv, results checked exactly on every rank;
   * the world spans hosts: each rank ran on its own host's hostname, and the
-    core's INFO line says it chose tcp because a rank is on another host;
+    core's INFO line says it chose the hybrid transport (shared memory
+    within each host, tcp between hosts; tcp with one rank per host)
+    because a rank is on another host;
   * subgroups within one host (shm) and across hosts (tcp), checked exactly;
   * a 2-D DeviceMesh (inter-host x intra-host), each dimension's group;
 and on 3 hosts, a host whose processes are all killed at once while the
@@ -121,13 +123,21 @@ def passed(d: Done, scenario: str) -> None:
 
 def expected_choice(d: Done, members: list[int]) -> str:
     """The INFO text (select.c) a group of these global ranks must log at
-    creation: shm when all are on one host, else tcp naming the first group
-    rank on another host than group rank 0."""
+    creation: shm when all are on one host, tcp when each is on a host of
+    its own, else the hybrid (shared memory within each host); the last two
+    name the first group rank on another host than group rank 0."""
     hosts = [d.host_of(q) for q in members]
     other = next((i for i, h in enumerate(hosts) if h != hosts[0]), None)
     if other is None:
         return f"all {len(members)} ranks on host {hosts[0]} share /dev/shm: shm"
-    return f"rank {other} is on another host ({hosts[other]}; rank 0 is on {hosts[0]}): tcp"
+    how = "tcp" if len(set(hosts)) == len(hosts) else "shm within each host, tcp between hosts"
+    return f"rank {other} is on another host ({hosts[other]}; rank 0 is on {hosts[0]}): {how}"
+
+
+def transport_name(d: Done, members: list[int]) -> str:
+    """tcc_comm_transport_name of a group of these global ranks."""
+    hosts = [d.host_of(q) for q in members]
+    return "shm" if len(set(hosts)) == 1 else "tcp" if len(set(hosts)) == len(hosts) else "shm+tcp"
 
 
 def check_choice(d: Done, rank: int, name: str, members: list[int]) -> None:
@@ -182,7 +192,8 @@ def test_world_knows_it_spans_hosts(jobs, layout):
         assert log and all(ln.startswith(f"{d.host_of(r)}:") for ln in log), f"rank {r}'s log: {log[:3]}"
         check_choice(d, r, "tccomm:0", list(range(d.world)))
         created = [ln for ln in log if "communicator 'tccomm:0' created" in ln]
-        assert created and f"rank {r} of {d.world}, transport tcp" in created[0], created
+        want = f"rank {r} of {d.world}, transport {transport_name(d, list(range(d.world)))}"
+        assert created and want in created[0], created
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=layout_id)

@@ -123,7 +123,11 @@ void tcc_endpoint_close(tcc_endpoint_t *ep);
 typedef enum tcc_transport {
   TCC_TRANSPORT_AUTO = 0, /* shared memory when every rank is on this host, else TCP */
   TCC_TRANSPORT_SHM,
-  TCC_TRANSPORT_TCP
+  TCC_TRANSPORT_TCP,
+  /* Shared memory between the ranks of each host, TCP between hosts, with
+   * hierarchical collectives: what AUTO chooses when some ranks share a
+   * host and others do not. */
+  TCC_TRANSPORT_HYBRID
 } tcc_transport_t;
 
 typedef struct tcc_comm_config {
@@ -143,7 +147,7 @@ tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
 int tcc_comm_rank(const tcc_comm_t *comm);
 int tcc_comm_size(const tcc_comm_t *comm);
 const char *tcc_comm_name(const tcc_comm_t *comm);
-/* "shm" or "tcp" */
+/* "shm", "tcp" or "shm+tcp" (hybrid) */
 const char *tcc_comm_transport_name(const tcc_comm_t *comm);
 void tcc_comm_set_timeout(tcc_comm_t *comm, int64_t timeout_ms);
 /* Number of collectives issued so far. */

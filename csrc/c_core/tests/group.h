@@ -28,21 +28,50 @@ typedef void (*rank_fn)(tcc_comm_t *comm);
 /* Set by a rank function that destroyed the communicator itself. */
 static int group_comm_destroyed;
 
+/* The simulated host of rank r under a spec's "-hosts" (a host per
+ * rank), "-pairs" (ranks 2h and 2h+1 on host h), "-interleaved" (even
+ * ranks on one host, odd on another) or "-uneven" (rank 0 alone, the
+ * others together); -1: the real host. */
+static int group_fake_host(const char *spec, int r) {
+  if (strstr(spec, "-hosts")) return r;
+  if (strstr(spec, "-pairs")) return r / 2;
+  if (strstr(spec, "-interleaved")) return r % 2;
+  if (strstr(spec, "-uneven")) return r > 0;
+  return -1;
+}
+
+/* The transport auto must choose for n ranks under spec: shm on one host,
+ * tcp with a host per rank, the hybrid in between. */
+static const char *group_auto_transport(const char *spec, int n) {
+  int hosts = 0;
+  for (int r = 0; r < n; r++) {
+    int h = group_fake_host(spec, r), seen = 0;
+    for (int q = 0; q < r; q++) seen |= group_fake_host(spec, q) == h;
+    hosts += !seen;
+  }
+  return hosts == 1 ? "shm" : hosts == n ? "tcp" : "shm+tcp";
+}
+
 /* How a group is set up:
  *   "shm", "tcp"     that transport, forced;
  *   "auto"           chosen from the endpoints (all on this host: shm);
  *   "auto-hosts"     chosen, with every rank claiming its own host name (tcp);
+ *   "auto-pairs", "auto-interleaved", "auto-uneven"
+ *                    chosen, with the ranks claiming hosts as group_fake_host
+ *                    says (the hybrid transport where some share a host);
  *   "shm-hosts"      shm forced across "hosts": creation must fail;
  *   "auto-shmdirs"   one host, but each rank claims a /dev/shm of its own (tcp);
  *   "shm-shmdirs"    shm forced there: creation must fail. */
 static int __attribute__((unused)) run_group(int n, const char *spec, int64_t timeout_ms, const char *name, rank_fn fn) {
   rendezvous_t *rv = mmap(NULL, sizeof *rv, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  const int fake_hosts = strstr(spec, "-hosts") != NULL;
+  const int fake_hosts = group_fake_host(spec, 0) >= 0;
   const int fake_shm = strstr(spec, "-shmdirs") != NULL; /* one host, a /dev/shm per rank */
   const tcc_transport_t transport = strncmp(spec, "auto", 4) == 0 ? TCC_TRANSPORT_AUTO
                                     : strncmp(spec, "tcp", 3) == 0 ? TCC_TRANSPORT_TCP
                                                                    : TCC_TRANSPORT_SHM;
-  const char *expected = transport == TCC_TRANSPORT_TCP || fake_hosts || fake_shm ? "tcp" : "shm";
+  const char *expected = transport == TCC_TRANSPORT_TCP || fake_shm ? "tcp"
+                         : fake_hosts && transport == TCC_TRANSPORT_AUTO ? group_auto_transport(spec, n)
+                                                                         : "shm";
   pid_t pids[8];
   for (int r = 0; r < n; r++) {
     pids[r] = fork();
@@ -57,7 +86,7 @@ static int __attribute__((unused)) run_group(int n, const char *spec, int64_t ti
     if (fake_hosts || fake_shm) {
       tcc_blob_t b;
       memcpy(&b, blob, sizeof b);
-      if (fake_hosts) snprintf(b.hostname, sizeof b.hostname, "test-host-%d", r);
+      if (fake_hosts) snprintf(b.hostname, sizeof b.hostname, "test-host-%d", group_fake_host(spec, r));
       if (fake_shm) b.shm_ino += (uint64_t)r;
       memcpy(blob, &b, sizeof b);
     }

@@ -81,33 +81,33 @@ tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
       return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): ranks issued different collectives: "
                          "rank 0 issued %s #%llu, rank %d issued %s #%llu",
-                         op, comm->name, comm->rank, tcc__coll_name((tcc_coll_kind_t)ref->kind),
+                         op, comm->name, tcc__self_label(comm), tcc__coll_name((tcc_coll_kind_t)ref->kind),
                          (unsigned long long)ref->seq, r,
                          tcc__coll_name((tcc_coll_kind_t)d->kind), (unsigned long long)d->seq);
     }
     if (d->dtype != ref->dtype) {
       return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): dtype mismatch: rank 0 has %s, rank %d has %s",
-                         op, comm->name, comm->rank, tcc_dtype_name((tcc_dtype_t)ref->dtype), r,
+                         op, comm->name, tcc__self_label(comm), tcc_dtype_name((tcc_dtype_t)ref->dtype), r,
                          tcc_dtype_name((tcc_dtype_t)d->dtype));
     }
     if (d->count != ref->count) {
       return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): size mismatch: rank 0 has %llu elements, "
                          "rank %d has %llu",
-                         op, comm->name, comm->rank, (unsigned long long)ref->count, r,
+                         op, comm->name, tcc__self_label(comm), (unsigned long long)ref->count, r,
                          (unsigned long long)d->count);
     }
     if (d->redop != ref->redop) {
       return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): reduce op mismatch: rank 0 uses %s, rank %d uses %s",
-                         op, comm->name, comm->rank, tcc_redop_name((tcc_redop_t)ref->redop), r,
+                         op, comm->name, tcc__self_label(comm), tcc_redop_name((tcc_redop_t)ref->redop), r,
                          tcc_redop_name((tcc_redop_t)d->redop));
     }
     if (d->root != ref->root) {
       return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): root mismatch: rank 0 uses root %d, rank %d uses %d",
-                         op, comm->name, comm->rank, ref->root, r, d->root);
+                         op, comm->name, tcc__self_label(comm), ref->root, r, d->root);
     }
   }
   (void)mine;
@@ -122,7 +122,7 @@ tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
           return tcc__err_set(err, TCC_ERR_MISMATCH,
                              "tccomm %s on '%s' (rank %d): split size mismatch: rank %d sends %llu "
                              "elements to rank %d, which expects %llu",
-                             op, comm->name, comm->rank, j, (unsigned long long)sent, k,
+                             op, comm->name, tcc__self_label(comm), j, (unsigned long long)sent, k,
                              (unsigned long long)expected);
         }
       }

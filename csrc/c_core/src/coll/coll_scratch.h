@@ -46,6 +46,19 @@ tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
                                   tcc_err_t *err);
 tcc_result_t tcc__coll_stream_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                   tcc_err_t *err);
+/* coll_stream.c: what every collective over streams starts with (not run
+ * on a failed communicator, every rank's descriptor checked by every rank,
+ * the root's range), alone: the hierarchical algorithms begin with it, so
+ * ranks that disagree fail alike before any phase runs, whichever
+ * algorithm each of them chose. */
+tcc_result_t tcc__coll_stream_agree(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                                    tcc_err_t *err);
+/* coll_hier.c: collectives on groups that span hosts (comm->topo), in
+ * phases on its views. */
+bool tcc__coll_hier_chosen(const tcc_comm_t *comm, const tcc_coll_t *c);
+const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c);
+tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                                tcc_err_t *err);
 
 /* coll_staged.c: whether a reduction of `bytes` goes one-shot (every rank
  * reduces everything) rather than pipelined, given the spans' one-shot limit. */

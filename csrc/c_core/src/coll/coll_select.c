@@ -47,7 +47,7 @@ tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
   if (!s || !s->srcs || !s->descs || !s->pieces || !s->reads || !s->part_src || !s->part_out || !s->part_len ||
       !s->poll_peers || !s->poll_events || !s->poll_revents) {
     tcc__coll_release(comm);
-    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): out of memory", comm->name, comm->rank);
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): out of memory", comm->name, tcc__self_label(comm));
   }
   if (TCC__LOG_ON(TCC__LOG_INFO)) log_thresholds(comm);
   return TCC_OK;
@@ -73,6 +73,7 @@ void tcc__coll_release(tcc_comm_t *comm) {
 /* Mirrors the choices of tcc__coll_run and of the algorithms below it; the
  * one size-dependent choice is made by the same function in both. */
 const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c) {
+  if (tcc__coll_hier_chosen(comm, c)) return tcc__coll_hier_algorithm(comm, c);
   const int reduction = c->kind == TCC_COLL_ALLREDUCE || c->kind == TCC_COLL_REDUCE || c->kind == TCC_COLL_REDUCE_SCATTER;
   if (comm->ops->spans) {
     if (c->kind == TCC_COLL_BARRIER) return "spans stage barrier";
@@ -93,8 +94,9 @@ const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c) {
 
 tcc_result_t tcc__coll_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                            tcc_err_t *err) {
+  if (tcc__coll_hier_chosen(comm, c)) return tcc__coll_hier_run(comm, c, seq, deadline_ns, err);
   if (comm->ops->spans) return tcc__coll_staged_run(comm, c, seq, deadline_ns, err);
   if (comm->ops->streams) return tcc__coll_stream_run(comm, c, seq, deadline_ns, err);
   return tcc__err_set(err, TCC_ERR_UNSUPPORTED, "tccomm %s on '%s' (rank %d): the %s transport offers no collectives",
-                     tcc__coll_name(c->kind), comm->name, comm->rank, comm->ops->name);
+                     tcc__coll_name(c->kind), comm->name, tcc__self_label(comm), comm->ops->name);
 }

@@ -316,7 +316,7 @@ tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
   void *snapshot;
   if (!tcc__coll_snapshot_inputs(c, comm->size, comm->rank, &staged, &snapshot))
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory",
-                       tcc__coll_name(c->kind), comm->name, comm->rank);
+                       tcc__coll_name(c->kind), comm->name, tcc__self_label(comm));
   tcc_result_t r;
   switch (c->kind) {
     case TCC_COLL_ALLREDUCE:

@@ -264,6 +264,34 @@ static bool has_root(tcc_coll_kind_t kind) {
          kind == TCC_COLL_GATHER || kind == TCC_COLL_SCATTER;
 }
 
+/* The start every collective over streams shares: not run on a failed
+ * communicator, the descriptor exchange, the root's range. */
+static tcc_result_t agree(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline_ns, tcc_err_t *err) {
+  tcc_comm_t *comm = x->comm;
+  char pre[160];
+  tcc__stream_xfer_prefix(x, pre, sizeof(pre));
+  if (atomic_load(&comm->aborted)) {
+    char cause[TCC_ERRLEN];
+    tcc__comm_failure(comm, cause, sizeof cause);
+    return tcc__err_set(err, TCC_ERR_ABORTED, "%s: not run: %.300s", pre, cause);
+  }
+  tcc_result_t r = exchange_descs(x, c, deadline_ns, err);
+  /* after the exchange, so all ranks (which agree on the root) fail alike */
+  if (r == TCC_OK && has_root(c->kind) && (c->root < 0 || c->root >= comm->size))
+    r = tcc__err_set(err, TCC_ERR_INVALID, "%s: root %d out of range [0, %d)", pre, c->root, comm->size);
+  return r;
+}
+
+tcc_result_t tcc__coll_stream_agree(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                                    tcc_err_t *err) {
+  stream_link_t *links = calloc((size_t)comm->size, sizeof(*links));
+  stream_xfer_t x = {.comm = comm, .what = tcc__coll_name(c->kind), .phase = "start", .seq = seq, .links = links};
+  if (!links) return fail_nomem(&x, err);
+  tcc_result_t r = agree(&x, c, deadline_ns, err);
+  free(links);
+  return r;
+}
+
 tcc_result_t tcc__coll_stream_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                   tcc_err_t *err) {
   const int n = comm->size;
@@ -272,16 +300,7 @@ tcc_result_t tcc__coll_stream_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
   char pre[160];
   tcc__stream_xfer_prefix(&x, pre, sizeof(pre));
   if (!links) return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
-  tcc_result_t r = TCC_OK;
-  if (atomic_load(&comm->aborted)) {
-    char cause[TCC_ERRLEN];
-    tcc__comm_failure(comm, cause, sizeof cause);
-    r = tcc__err_set(err, TCC_ERR_ABORTED, "%s: not run: %.300s", pre, cause);
-  }
-  if (r == TCC_OK) r = exchange_descs(&x, c, deadline_ns, err);
-  /* after the exchange, so all ranks (which agree on the root) fail alike */
-  if (r == TCC_OK && has_root(c->kind) && (c->root < 0 || c->root >= n))
-    r = tcc__err_set(err, TCC_ERR_INVALID, "%s: root %d out of range [0, %d)", pre, c->root, n);
+  tcc_result_t r = agree(&x, c, deadline_ns, err);
   if (r == TCC_OK) {
     tcc_coll_t staged;
     void *mem = NULL;

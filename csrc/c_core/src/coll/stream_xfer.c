@@ -23,7 +23,7 @@ static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
 void tcc__stream_xfer_prefix(const stream_xfer_t *x, char *buf, size_t len) {
   snprintf(buf, len, "%s %s #%llu on communicator '%s' rank %d", x->comm->ops->name, x->what,
-           (unsigned long long)x->seq, x->comm->name, x->comm->rank);
+           (unsigned long long)x->seq, x->comm->name, tcc__self_label(x->comm));
 }
 
 /* ---- the reducer ------------------------------------------------------ */
@@ -163,10 +163,10 @@ static tcc_result_t peer_failed(const stream_xfer_t *x, int peer, const char *ho
   if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
     return tcc__err_set(err, TCC_ERR_REMOTE,
                        "%s: rank %d is gone: its connection %s during %s (the process exited, "
-                       "or destroyed its communicator)", pre, peer,
+                       "or destroyed its communicator)", pre, tcc__rank_label(x->comm, peer),
                        errnum ? "was reset" : "closed", x->phase);
   return tcc__err_set(err, TCC_ERR_REMOTE, "%s: %s rank %d failed during %s: %s", pre,
-                     how, peer, x->phase, strerror(errnum));
+                     how, tcc__rank_label(x->comm, peer), x->phase, strerror(errnum));
 }
 
 /* Moves what the stream to `peer` takes and gives now. */
@@ -215,7 +215,7 @@ static void pending_peers(const stream_xfer_t *x, char *buf, size_t len) {
       bool waiting = pass == 0 ? l->in_done < l->in_slot + l->in_raw
                                : l->out_done < l->out_raw + l->out_red;
       if (j == x->comm->rank || !waiting) continue;
-      int k = snprintf(buf + used, len - used, "%s%d", used ? ", " : "", j);
+      int k = snprintf(buf + used, len - used, "%s%d", used ? ", " : "", tcc__rank_label(x->comm, j));
       if (k < 0 || (size_t)k >= len - used) {
         snprintf(buf + len - 5, 5, "...");
         return;

@@ -28,6 +28,9 @@ static int record_failure(tcc_comm_t *comm, tcc_result_t code, const char *msg) 
   }
   pthread_mutex_unlock(&comm->fail_lock);
   if (first) {
+    /* The transport first: a thread waiting inside one of its views is
+     * then released by the wakes below. */
+    if (comm->ops && comm->ops->failed) comm->ops->failed(comm);
     tcc__host_executor.wake(comm);
     tcc__device_executor.wake(comm); /* aborts what cannot end otherwise */
   }

@@ -125,7 +125,35 @@ struct tcc_comm {
   int spin_iters;
   atomic_int group_depth; /* tcc_comm_group_start nesting */
   pthread_mutex_t group_lock;
+  /* A view (core/view.c) is a subset of a communicator's ranks that the
+   * hierarchical algorithms run one phase on, over a transport of its own.
+   * It has no executors; its parent runs it. members[r]: the parent's rank
+   * of view rank r, so messages name ranks as the user knows them. Both
+   * NULL for a communicator. */
+  tcc_comm_t *parent;
+  int *members;
+  /* Groups that span hosts (transport/hybrid/): where the ranks are and
+   * the views over them; NULL for a group on one transport. */
+  struct tcc__topology *topo;
 };
+
+/* The rank the user knows rank r of comm by (the parent's, for a view). */
+static inline int tcc__rank_label(const tcc_comm_t *comm, int r) {
+  return comm->members && r >= 0 && r < comm->size ? comm->members[r] : r;
+}
+/* This rank, as the user knows it. */
+static inline int tcc__self_label(const tcc_comm_t *comm) { return tcc__rank_label(comm, comm->rank); }
+
+/* core/view.c. A view of `size` of parent's ranks (members[r]: parent rank
+ * of view rank r; this rank is view rank `rank`), named and timed like the
+ * parent, with no transport yet: the caller sets one up, then attaches the
+ * algorithms' scratch (tcc__coll_attach). */
+tcc_comm_t *tcc__comm_view_new(tcc_comm_t *parent, int rank, int size, const int *members, tcc_err_t *err);
+/* Marks the view failed with the parent's cause (the parent failed), so a
+ * phase waiting in it returns soon. */
+void tcc__comm_view_fail(tcc_comm_t *view);
+/* Tears down the view's transport and frees it. */
+void tcc__comm_view_free(tcc_comm_t *view);
 
 /* Marks the communicator failed (first failure wins) so later ops fail
  * fast with `code` and `msg`; wakes every thread. */

@@ -8,6 +8,7 @@
 #include <linux/futex.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
@@ -229,8 +230,13 @@ tcc_result_t tcc__random_bytes(void *buf, size_t n) {
 }
 
 void tcc__host_identity(char hostname[64], char boot_id[40]) {
+  /* TCCOMM_HOSTID stands for the hostname, as NCCL_HOSTID does for NCCL:
+   * processes that could share memory but should not (or tests that
+   * simulate hosts) name themselves apart. */
+  const char *hostid = getenv("TCCOMM_HOSTID");
+  if (hostid && *hostid) snprintf(hostname, 64, "%s", hostid);
   /* gethostname need not NUL-terminate a truncated name. */
-  if (gethostname(hostname, 64) != 0) hostname[0] = '\0';
+  else if (gethostname(hostname, 64) != 0) hostname[0] = '\0';
   hostname[63] = '\0';
 
   boot_id[0] = '\0';

@@ -18,7 +18,7 @@ static int same_host(const tcc_blob_t *a, const tcc_blob_t *b) {
  * each have a /dev/shm of their own, where rank 0's segment would never
  * appear to the others. The same directory (device and inode) is the
  * proof; every rank compares the same blobs, so all reach the same choice. */
-static int same_shm(const tcc_blob_t *a, const tcc_blob_t *b) {
+bool tcc__blobs_share_shm(const tcc_blob_t *a, const tcc_blob_t *b) {
   return same_host(a, b) && a->shm_dev != 0 && a->shm_dev == b->shm_dev && a->shm_ino == b->shm_ino;
 }
 
@@ -33,6 +33,15 @@ tcc_result_t tcc__blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc
     blobs[r].boot_id[sizeof blobs[r].boot_id - 1] = '\0';
   }
   return TCC_OK;
+}
+
+/* Whether some two ranks share memory: then a group spanning hosts keeps
+ * their traffic off the network (the hybrid transport). */
+static bool some_pair_shares(int n, const tcc_blob_t *blobs) {
+  for (int a = 0; a < n; a++)
+    for (int b = a + 1; b < n; b++)
+      if (tcc__blobs_share_shm(&blobs[a], &blobs[b])) return true;
+  return false;
 }
 
 /* What the blobs say about where the ranks are: all sharing one /dev/shm,
@@ -56,7 +65,7 @@ static void log_choice(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs, tc
   char where[256];
   describe_topology(cfg->size, blobs, other_host, other_shm, where, sizeof where);
   const char *name = cfg->name && *cfg->name ? cfg->name : "tccomm";
-  const char *tname = t == TCC_TRANSPORT_SHM ? "shm" : "tcp";
+  const char *tname = t == TCC_TRANSPORT_SHM ? "shm" : t == TCC_TRANSPORT_HYBRID ? "shm within each host, tcp between hosts" : "tcp";
   if (forced_by) TCC_LOG_INFO(cfg->rank, "communicator '%s': transport %s forced by %s; %s", name, tname, forced_by, where);
   else TCC_LOG_INFO(cfg->rank, "communicator '%s': %s: %s", name, where, tname);
 }
@@ -82,11 +91,15 @@ tcc_result_t tcc__comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_
   int hosts = 1, shared = 1, other_host = -1, other_shm = -1;
   for (int r = 1; r < cfg->size; r++) {
     hosts &= same_host(&blobs[0], &blobs[r]);
-    shared &= same_shm(&blobs[0], &blobs[r]);
+    shared &= tcc__blobs_share_shm(&blobs[0], &blobs[r]);
     if (!hosts && other_host < 0) other_host = r;
     if (!shared && other_shm < 0) other_shm = r;
   }
-  if (t == TCC_TRANSPORT_AUTO) t = shared ? TCC_TRANSPORT_SHM : TCC_TRANSPORT_TCP;
+  if (t == TCC_TRANSPORT_AUTO) t = shared ? TCC_TRANSPORT_SHM : some_pair_shares(cfg->size, blobs) ? TCC_TRANSPORT_HYBRID : TCC_TRANSPORT_TCP;
+  if (t == TCC_TRANSPORT_HYBRID && forced_by)
+    return tcc__err_set(err, TCC_ERR_INVALID,
+                        "tccomm: the hybrid transport cannot be requested (auto chooses it when some ranks "
+                        "share a host and others do not)");
   if (t == TCC_TRANSPORT_SHM && !hosts)
     return tcc__err_set(err, TCC_ERR_INVALID,
                        "tccomm: shared-memory transport requested but the ranks are on different hosts");
@@ -108,6 +121,10 @@ tcc_result_t tcc__transport_setup(tcc_comm_t *comm, tcc_transport_t transport, t
       return tcc__shm_setup(comm, blobs, err);
     case TCC_TRANSPORT_TCP:
       r = tcc__tcp_setup(comm, ep, blobs, err);
+      tcc_endpoint_close(ep);
+      return r;
+    case TCC_TRANSPORT_HYBRID:
+      r = tcc__hybrid_setup(comm, ep, blobs, err);
       tcc_endpoint_close(ep);
       return r;
     default:

@@ -81,7 +81,34 @@ typedef struct tcc_transport_ops {
   void (*p2p_notify)(tcc_comm_t *comm);
   /* Releases transport state (threads are already stopped). */
   void (*destroy)(tcc_comm_t *comm);
+  /* Optional: the communicator just failed (comm->aborted is set); let
+   * anything waiting inside the transport see it. */
+  void (*failed)(tcc_comm_t *comm);
 } tcc_transport_ops_t;
+
+/* ---- groups that span hosts ------------------------------------------- */
+
+/* Where the ranks of a group are, for a group whose ranks share memory
+ * with some ranks but not all (transport/hybrid/). Hosts are numbered in
+ * the order of their lowest rank; a rank's local index is its position
+ * among its host's ranks in rank order. Identical on every rank: it is
+ * derived from the same endpoint blobs. */
+typedef struct tcc__topology {
+  int nhosts;
+  int host;          /* this rank's host */
+  int *host_of;      /* [size] */
+  int *local_index;  /* [size] */
+  int *host_size;    /* [nhosts] ranks on each host */
+  bool uniform;      /* every host has the same number of ranks */
+  /* Views (core/view.c) that the hierarchical algorithms run phases on:
+   * the ranks of this host over shared memory (NULL when this rank is
+   * alone on its host), and the ranks of every host that share this
+   * rank's local index, in host order, over the group's streams (NULL when
+   * no other host has one). The cross view of the ranks of local index 0
+   * is the leaders'. */
+  tcc_comm_t *local;
+  tcc_comm_t *cross;
+} tcc__topology_t;
 
 /* Each transport's setup. `blobs` as in tcc_comm_create; on success sets
  * comm->ops and comm->transport_state. Bounded by comm->timeout_ms. */
@@ -90,6 +117,10 @@ typedef struct tcc_transport_ops {
 tcc_result_t tcc__transport_setup(tcc_comm_t *comm, tcc_transport_t transport, tcc_endpoint_t *ep,
                                   const tcc_blob_t *blobs, tcc_err_t *err);
 tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err);
+/* Shared memory within each host, TCP between hosts (transport/hybrid/). */
+tcc_result_t tcc__hybrid_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs, tcc_err_t *err);
+/* Whether two ranks can map each other's shared memory (select.c). */
+bool tcc__blobs_share_shm(const tcc_blob_t *a, const tcc_blob_t *b);
 tcc_result_t tcc__tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs,
                            tcc_err_t *err);
 

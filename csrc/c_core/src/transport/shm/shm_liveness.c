@@ -56,7 +56,7 @@ tcc_result_t tcc__shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, int fd, 
   if (fcntl(fd, F_OFD_SETLK, &fl) != 0)
     return tcc__err_set(err, TCC_ERR_SYSTEM,
                        "tccomm '%s' (rank %d): cannot take the liveness lock on the shared-memory segment: %s",
-                       comm->name, comm->rank, strerror(errno));
+                       comm->name, tcc__self_label(comm), strerror(errno));
   return TCC_OK;
 }
 
@@ -85,9 +85,9 @@ tcc_result_t tcc__shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bo
   if (atomic_load(&shm_ctrl(st, peer)->destroyed))
     return tcc__err_set(err, TCC_ERR_REMOTE,
                        "tccomm %s on '%s' (rank %d): rank %d destroyed its communicator and will not take part",
-                       what, comm->name, comm->rank, peer);
+                       what, comm->name, tcc__self_label(comm), tcc__rank_label(comm, peer));
   return tcc__err_set(err, TCC_ERR_REMOTE,
                      "tccomm %s on '%s' (rank %d): rank %d exited (its process ended, killed or crashed, "
                      "without destroying the communicator)",
-                     what, comm->name, comm->rank, peer);
+                     what, comm->name, tcc__self_label(comm), tcc__rank_label(comm, peer));
 }

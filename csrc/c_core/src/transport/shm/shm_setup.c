@@ -172,7 +172,7 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   tcc_segment_id_t id;
   char who[160];
   tcc__segment_id("", blobs[0].token, &id);
-  snprintf(who, sizeof who, "tccomm '%s' (rank %d)", comm->name, comm->rank);
+  snprintf(who, sizeof who, "tccomm '%s' (rank %d)", comm->name, tcc__self_label(comm));
   const int64_t deadline = tcc__deadline_after_ms(atomic_load(&comm->timeout_ms));
   int fd = -1;
   tcc_result_t r = comm->rank == 0 ? create_segment(comm, &id, who, st, &fd, err)

@@ -25,12 +25,12 @@ static tcc_result_t barrier_timeout(tcc_comm_t *comm, shm_state_t *st, const cha
   size_t len = 0;
   for (int j = 0; j < comm->size && len < sizeof missing - 16; j++) {
     if (atomic_load(&shm_ctrl(st, j)->arrive) < stage)
-      len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", j);
+      len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", tcc__rank_label(comm, j));
   }
   return tcc__err_set(err, TCC_ERR_TIMEOUT,
                      "tccomm %s #%llu on '%s' (rank %d): timed out waiting for rank(s) %s "
                      "(they did not call it, or are stuck in an earlier operation)",
-                     what, (unsigned long long)seq, comm->name, comm->rank, missing);
+                     what, (unsigned long long)seq, comm->name, tcc__self_label(comm), missing);
 }
 
 /* One rank's wait at a stage barrier (the idle wait's argument). */
@@ -60,7 +60,7 @@ static tcc_result_t arrival_trouble(void *arg, int64_t now_ns) {
     char cause[TCC_ERRLEN];
     tcc__comm_failure(comm, cause, sizeof cause);
     return tcc__err_set(a->err, TCC_ERR_ABORTED, "tccomm %s #%llu on '%s' (rank %d) interrupted: %s", a->what,
-                       (unsigned long long)a->seq, comm->name, comm->rank, cause);
+                       (unsigned long long)a->seq, comm->name, tcc__self_label(comm), cause);
   }
   for (int k = a->first; k < a->n; k++) {
     if (atomic_load_explicit(&shm_ctrl(a->st, k)->arrive, memory_order_acquire) >= a->stage) continue;

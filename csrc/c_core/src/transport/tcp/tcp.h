@@ -53,8 +53,13 @@ typedef struct tcp_state {
   struct pollfd *coll_pfd;
 } tcp_state_t;
 
-/* tcp_p2p.c */
+/* tcp_p2p.c. The p2p functions of the table are also the hybrid
+ * transport's, whose point-to-point traffic is TCP's. */
 extern const tcc_transport_ops_t tcc__tcp_transport_ops;
+ssize_t tcc__tcp_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err);
+ssize_t tcc__tcp_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
+void tcc__tcp_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
+void tcc__tcp_p2p_notify(tcc_comm_t *comm);
 tcp_state_t *tcc__tcp_state_new(int n, int me, tcc_err_t *err);
 void tcc__tcp_state_free(tcp_state_t *st);
 

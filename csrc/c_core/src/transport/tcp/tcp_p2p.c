@@ -62,7 +62,7 @@ static int p2p_fd_of(tcc_comm_t *comm, int peer, tcc_err_t *err) {
   tcp_state_t *st = comm->transport_state;
   if (peer < 0 || peer >= st->n || peer == st->me) {
     tcc__err_set(err, TCC_ERR_INVALID, "tcp p2p on communicator '%s' rank %d: no channel "
-                "to rank %d", comm->name, comm->rank, peer);
+                "to rank %d", comm->name, tcc__self_label(comm), peer);
     return -1;
   }
   return st->p2p_fd[peer];
@@ -78,11 +78,11 @@ static ssize_t p2p_failed(tcc_comm_t *comm, int peer, const char *how, int errnu
                 comm->rank, peer, errnum ? "was reset" : "closed");
   else
     tcc__err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: %s rank %d "
-                "failed: %s", comm->name, comm->rank, how, peer, strerror(errnum));
+                "failed: %s", comm->name, tcc__self_label(comm), how, peer, strerror(errnum));
   return -1;
 }
 
-static ssize_t tcp_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len,
+ssize_t tcc__tcp_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len,
                              tcc_err_t *err) {
   int fd = p2p_fd_of(comm, peer, err);
   if (fd < 0) return -1;
@@ -96,7 +96,7 @@ static ssize_t tcp_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t
   }
 }
 
-static ssize_t tcp_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len,
+ssize_t tcc__tcp_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len,
                             tcc_err_t *err) {
   int fd = p2p_fd_of(comm, peer, err);
   if (fd < 0) return -1;
@@ -111,7 +111,7 @@ static ssize_t tcp_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len,
   }
 }
 
-static void tcp_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns) {
+void tcc__tcp_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns) {
   tcp_state_t *st = comm->transport_state;
   int k = 0;
   st->p2p_pfd[k++] = (struct pollfd){.fd = st->wake_fd, .events = POLLIN};
@@ -130,7 +130,7 @@ static void tcp_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_n
   }
 }
 
-static void tcp_p2p_notify(tcc_comm_t *comm) {
+void tcc__tcp_p2p_notify(tcc_comm_t *comm) {
   tcp_state_t *st = comm->transport_state;
   uint64_t one = 1;
   /* EAGAIN means the counter is already non-zero: the wakeup is pending */
@@ -146,9 +146,9 @@ static void tcp_destroy(tcc_comm_t *comm) {
 const tcc_transport_ops_t tcc__tcp_transport_ops = {
     .name = "tcp",
     .streams = &tcc__tcp_streams,
-    .p2p_write = tcp_p2p_write,
-    .p2p_read = tcp_p2p_read,
-    .p2p_wait = tcp_p2p_wait,
-    .p2p_notify = tcp_p2p_notify,
+    .p2p_write = tcc__tcp_p2p_write,
+    .p2p_read = tcc__tcp_p2p_read,
+    .p2p_wait = tcc__tcp_p2p_wait,
+    .p2p_notify = tcc__tcp_p2p_notify,
     .destroy = tcp_destroy,
 };

@@ -1,0 +1,321 @@
+/*
+ * test_hybrid.c - groups that span hosts: ranks forked on this machine
+ * claim simulated hosts (group.h), so auto chooses shared memory between
+ * the ranks of each host and TCP between hosts, and large allreduces and
+ * broadcasts run hierarchically.
+ *
+ * Every op is checked against a reference computed here: integer-valued
+ * data for every op and dtype (any order gives the same value), and
+ * fractional float data for the documented order of a hierarchical sum
+ * (over each host's ranks in rank order, then over the hosts in the order
+ * of their lowest rank), bit for bit on every rank.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "group.h"
+#include "tccomm.h"
+
+/* Messages from this size on run hierarchically (coll/coll_hier.c). */
+#define HIER_BYTES (64u << 10)
+
+static const char *spec; /* the layout of the group being run */
+
+static tcc_buf_t host_buf(void *p, size_t count, tcc_dtype_t dt) { return (tcc_buf_t){p, count, dt, -1, NULL}; }
+
+static tcc_result_t finish(tcc_result_t r, tcc_op_t *op, char *msg, size_t len) {
+  if (r != TCC_OK) {
+    if (msg) snprintf(msg, len, "%s", tcc_last_error());
+    return r;
+  }
+  r = tcc_op_wait(op, -1);
+  if (msg) snprintf(msg, len, "%s", tcc_op_error(op));
+  tcc_op_release(op);
+  return r;
+}
+#define RUN(call) ({ tcc_op_t *op = NULL; tcc_result_t r_ = (call); finish(r_, op, NULL, 0); })
+
+/* ---- integer-valued data: every op, every dtype ------------------------ */
+
+static int small_value(int r, size_t i, tcc_redop_t op) {
+  if (op == TCC_PRODUCT) return ((i + (size_t)r) % 5 == 0) ? -1 : 1; /* stays in range */
+  return (int)((i * 7 + (size_t)r * 3) % 11) - 5;
+}
+
+static double ref_value(int n, size_t i, tcc_dtype_t dt, tcc_redop_t op, double premul) {
+  double acc = 0;
+  long long bits = 0;
+  for (int r = 0; r < n; r++) {
+    int v = small_value(r, i, op);
+    if (dt == TCC_BOOL) v = v > 0;
+    if (dt == TCC_UINT8) v &= 0x7f;
+    if (r == 0) {
+      acc = op == TCC_PREMUL_SUM ? v * premul : v;
+      bits = v;
+      continue;
+    }
+    switch (op) {
+      case TCC_SUM: case TCC_AVG: acc += v; break;
+      case TCC_PREMUL_SUM: acc += v * premul; break;
+      case TCC_PRODUCT: acc *= v; break;
+      case TCC_MIN: acc = v < acc ? v : acc; break;
+      case TCC_MAX: acc = v > acc ? v : acc; break;
+      case TCC_BAND: bits &= v; break;
+      case TCC_BOR: bits |= v; break;
+      case TCC_BXOR: bits ^= v; break;
+      default: break;
+    }
+  }
+  if (op == TCC_BAND || op == TCC_BOR || op == TCC_BXOR) return (double)bits;
+  if (dt == TCC_BOOL && op == TCC_SUM) return acc != 0;
+  if (op == TCC_AVG && dt == TCC_FLOAT32) return (double)((float)acc / (float)n);
+  if (op == TCC_AVG) return dt == TCC_FLOAT64 ? acc / n : (double)((long long)acc / n);
+  return acc;
+}
+
+static void put(void *buf, tcc_dtype_t dt, size_t i, double v) {
+  switch (dt) {
+    case TCC_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case TCC_FLOAT64: ((double *)buf)[i] = v; break;
+    case TCC_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case TCC_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case TCC_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case TCC_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case TCC_BOOL: ((uint8_t *)buf)[i] = v != 0; break;
+    default: break;
+  }
+}
+
+static double get(const void *buf, tcc_dtype_t dt, size_t i) {
+  switch (dt) {
+    case TCC_FLOAT32: return ((const float *)buf)[i];
+    case TCC_FLOAT64: return ((const double *)buf)[i];
+    case TCC_INT8: return ((const int8_t *)buf)[i];
+    case TCC_INT32: return ((const int32_t *)buf)[i];
+    case TCC_INT64: return (double)((const int64_t *)buf)[i];
+    case TCC_UINT8: return ((const uint8_t *)buf)[i];
+    case TCC_BOOL: return ((const uint8_t *)buf)[i];
+    default: return NAN;
+  }
+}
+
+static const size_t counts[] = {0, 1, 7, 1001, 70001, 1u << 18};
+
+static void test_allreduce_ops(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const struct { tcc_dtype_t dt; tcc_redop_t op; } cases[] = {
+      {TCC_FLOAT32, TCC_SUM}, {TCC_FLOAT64, TCC_SUM}, {TCC_INT32, TCC_SUM}, {TCC_INT8, TCC_SUM},
+      {TCC_INT64, TCC_PRODUCT}, {TCC_FLOAT32, TCC_MIN}, {TCC_INT32, TCC_MAX}, {TCC_INT32, TCC_BAND},
+      {TCC_UINT8, TCC_BOR}, {TCC_INT64, TCC_BXOR}, {TCC_FLOAT64, TCC_PREMUL_SUM}, {TCC_FLOAT32, TCC_AVG},
+      {TCC_INT32, TCC_AVG}, {TCC_BOOL, TCC_SUM}, {TCC_BOOL, TCC_MIN}};
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    const tcc_dtype_t dt = cases[k].dt;
+    const tcc_redop_t rop = cases[k].op;
+    const size_t es = tcc_dtype_size(dt);
+    for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
+      const size_t count = counts[ci];
+      for (int inplace = 0; inplace < 2; inplace++) {
+        char *in = malloc(count * es + 1), *out = malloc(count * es + 1);
+        for (size_t i = 0; i < count; i++) {
+          int v = small_value(me, i, rop);
+          if (dt == TCC_UINT8) v &= 0x7f;
+          if (dt == TCC_BOOL) v = v > 0;
+          put(in, dt, i, v);
+        }
+        char *dst = inplace ? in : out;
+        tcc_op_opts_t opts = {.premul_factor = 0.5};
+        tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(in, count, dt), host_buf(dst, count, dt), rop, &opts, &op));
+        CHECK(r == TCC_OK, "%s: allreduce %s %s count %zu: %s", spec, tcc_dtype_name(dt), tcc_redop_name(rop), count,
+              tcc_last_error());
+        size_t bad = 0;
+        for (size_t i = 0; i < count && r == TCC_OK; i++) {
+          double want = ref_value(n, i, dt, rop, 0.5);
+          if (dt == TCC_INT8) want = (double)(int8_t)(long long)want;
+          if (get(dst, dt, i) != want && bad++ < 3)
+            CHECK(0, "%s: allreduce %s %s count %zu%s: element %zu is %g, expected %g", spec, tcc_dtype_name(dt),
+                  tcc_redop_name(rop), count, inplace ? " in place" : "", i, get(dst, dt, i), want);
+        }
+        free(in);
+        free(out);
+      }
+    }
+  }
+}
+
+/* ---- the documented order of a hierarchical float sum ------------------ */
+
+/* Magnitudes that differ from rank to rank, so that the order of the sum
+ * shows in the rounding of most elements. */
+static float frac_value(int r, size_t i) {
+  return (float)(1.0 / (double)(3 + r + (i % 17))) * (r % 2 ? 1.0f : 4096.0f) * (float)(1 + (i % 5));
+}
+
+static void test_sum_order(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const size_t count = 70001; /* a hierarchical size, not a multiple of the ranks per host */
+  float *buf = malloc(count * sizeof *buf);
+  for (size_t i = 0; i < count; i++) buf[i] = frac_value(me, i);
+  tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(buf, count, TCC_FLOAT32), TCC_SUM,
+                                     NULL, &op));
+  CHECK(r == TCC_OK, "%s: fractional allreduce: %s", spec, tcc_last_error());
+  const bool hybrid = strcmp(tcc_comm_transport_name(comm), "shm+tcp") == 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < count && r == TCC_OK; i++) {
+    float want = 0;
+    if (hybrid) { /* hosts in the order of their lowest rank, each host's ranks in rank order */
+      bool first_host = true;
+      for (int h0 = 0; h0 < n; h0++) {
+        bool lowest = true;
+        for (int q = 0; q < h0; q++) lowest &= group_fake_host(spec, q) != group_fake_host(spec, h0);
+        if (!lowest) continue;
+        float host = 0;
+        bool first = true;
+        for (int q = h0; q < n; q++)
+          if (group_fake_host(spec, q) == group_fake_host(spec, h0)) {
+            host = first ? frac_value(q, i) : host + frac_value(q, i);
+            first = false;
+          }
+        want = first_host ? host : want + host;
+        first_host = false;
+      }
+    } else {
+      for (int q = 0; q < n; q++) want = q == 0 ? frac_value(q, i) : want + frac_value(q, i);
+    }
+    if (memcmp(&buf[i], &want, sizeof want) != 0 && bad++ < 3)
+      CHECK(0, "%s: fractional sum element %zu is %.9g, expected %.9g (bit for bit)", spec, i, buf[i], want);
+  }
+  free(buf);
+}
+
+/* ---- broadcast from every root, other collectives, p2p ----------------- */
+
+static void test_broadcast(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const size_t sizes[] = {3, HIER_BYTES / 4 + 5, 1u << 19};
+  for (size_t si = 0; si < 3; si++)
+    for (int root = 0; root < n; root++) {
+      const size_t count = sizes[si];
+      int32_t *buf = malloc(count * sizeof *buf);
+      for (size_t i = 0; i < count; i++) buf[i] = me == root ? (int32_t)(i * 31 + (size_t)root) : -1;
+      tcc_result_t r = RUN(tcc_broadcast(comm, host_buf(buf, count, TCC_INT32), root, NULL, &op));
+      CHECK(r == TCC_OK, "%s: broadcast from %d: %s", spec, root, tcc_last_error());
+      size_t bad = 0;
+      for (size_t i = 0; i < count && r == TCC_OK; i++)
+        if (buf[i] != (int32_t)(i * 31 + (size_t)root) && bad++ < 3)
+          CHECK(0, "%s: broadcast from %d, count %zu: element %zu is %d", spec, root, count, i, buf[i]);
+      free(buf);
+    }
+}
+
+static void test_allgather_and_p2p(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const size_t count = 20000;
+  int32_t *mine = malloc(count * sizeof *mine), *all = malloc((size_t)n * count * sizeof *all);
+  tcc_buf_t recvs[8];
+  for (size_t i = 0; i < count; i++) mine[i] = (int32_t)(i + (size_t)me * 100000);
+  for (int j = 0; j < n; j++) recvs[j] = host_buf(all + (size_t)j * count, count, TCC_INT32);
+  tcc_result_t r = RUN(tcc_allgather(comm, host_buf(mine, count, TCC_INT32), recvs, NULL, &op));
+  CHECK(r == TCC_OK, "%s: allgather: %s", spec, tcc_last_error());
+  for (int j = 0; j < n && r == TCC_OK; j++)
+    CHECK(all[(size_t)j * count + 7] == (int32_t)(7 + (size_t)j * 100000), "%s: allgather slot %d", spec, j);
+  /* A ring of sends: within a host over the group's connections, and across. */
+  if (n > 1) {
+    int32_t got[4] = {0}, sent[4] = {me, me * 2, me * 3, 77};
+    tcc_op_t *s = NULL, *rv = NULL;
+    CHECK(tcc_recv(comm, host_buf(got, 4, TCC_INT32), (me + n - 1) % n, 5, NULL, &rv) == TCC_OK, "recv");
+    CHECK(tcc_send(comm, host_buf(sent, 4, TCC_INT32), (me + 1) % n, 5, NULL, &s) == TCC_OK, "send");
+    CHECK(finish(TCC_OK, s, NULL, 0) == TCC_OK && finish(TCC_OK, rv, NULL, 0) == TCC_OK, "%s: ring", spec);
+    int from = (me + n - 1) % n;
+    CHECK(got[0] == from && got[2] == from * 3 && got[3] == 77, "%s: ring got %d %d", spec, got[0], got[2]);
+  }
+  free(mine);
+  free(all);
+}
+
+/* Ranks that disagree on a hierarchical allreduce fail alike, and the
+ * group stays usable. */
+static void test_mismatch(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const size_t count = (1u << 16) + (me == n - 1 ? 4 : 0);
+  float *buf = calloc(count, sizeof *buf);
+  char msg[TCC_ERRLEN] = "";
+  tcc_op_t *op = NULL;
+  tcc_result_t r = tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(buf, count, TCC_FLOAT32), TCC_SUM,
+                                 NULL, &op);
+  r = finish(r, op, msg, sizeof msg);
+  CHECK(r == TCC_ERR_MISMATCH && strstr(msg, "size mismatch") && strstr(msg, "hybrid-group"),
+        "%s: mismatch gave %s: %s", spec, tcc_result_string(r), msg);
+  CHECK(tcc_comm_status(comm) == TCC_OK, "%s: the group must stay usable after a mismatch", spec);
+  free(buf);
+}
+
+static void all_tests(tcc_comm_t *comm) {
+  test_allreduce_ops(comm);
+  test_sum_order(comm);
+  test_broadcast(comm);
+  test_allgather_and_p2p(comm);
+  if (tcc_comm_size(comm) > 1) test_mismatch(comm);
+  test_allreduce_ops(comm); /* still right after the mismatch */
+}
+
+/* ---- a rank that dies ---------------------------------------------------- */
+
+/* The last rank exits; every other rank's hierarchical allreduce fails
+ * within about a second, naming it (over shared memory for the ranks of
+ * its host, over TCP for the others). */
+static void dead_rank_test(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (me == n - 1) _exit(0);
+  const size_t count = 1u << 18;
+  float *buf = calloc(count, sizeof *buf);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  char msg[TCC_ERRLEN] = "";
+  tcc_op_t *op = NULL;
+  tcc_result_t r = tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(buf, count, TCC_FLOAT32), TCC_SUM,
+                                 NULL, &op);
+  r = finish(r, op, msg, sizeof msg);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  char dead[32];
+  snprintf(dead, sizeof dead, "rank %d", n - 1);
+  CHECK(r == TCC_ERR_REMOTE && strstr(msg, dead) && strstr(msg, "dead-group"), "%s: dead rank gave %s: %s", spec,
+        tcc_result_string(r), msg);
+  CHECK(secs < 3, "%s: the dead rank was noticed after %.2f s", spec, secs);
+  free(buf);
+}
+
+int main(void) {
+  alarm(600); /* a hang fails the test instead of blocking CI */
+  unsetenv("TCCOMM_TRANSPORT");
+  const struct { const char *spec; int n; } groups[] = {
+      {"auto-pairs", 4},       /* 2 hosts x 2: sharded phases */
+      {"auto-pairs", 6},       /* 3 hosts x 2 */
+      {"auto-pairs", 3},       /* 2 + 1: leaders */
+      {"auto-interleaved", 4}, /* hosts whose ranks are not contiguous */
+      {"auto-uneven", 4},      /* 1 + 3 */
+  };
+  int passed = 0, failed = 0;
+  for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
+    spec = groups[g].spec;
+    int bad = run_group(groups[g].n, spec, 60000, "hybrid-group", all_tests);
+    printf("%s %s n=%d\n", bad ? "FAIL" : "ok  ", spec, groups[g].n);
+    bad ? failed++ : passed++;
+  }
+  const char *dead_specs[] = {"auto-pairs", "auto-uneven"};
+  for (int d = 0; d < 2; d++) {
+    spec = dead_specs[d];
+    int bad = run_group(4, spec, 30000, "dead-group", dead_rank_test);
+    printf("%s %s dead rank\n", bad ? "FAIL" : "ok  ", spec);
+    bad ? failed++ : passed++;
+  }
+  printf("test_hybrid: %d groups passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
