@@ -145,6 +145,20 @@ def check_choice(d: Done, rank: int, name: str, members: list[int]) -> None:
     want = f"communicator '{name}': {expected_choice(d, members)}"
     assert len(lines) == 1 and lines[0].endswith(want), (
         f"rank {rank}, group {members}: expected one INFO line ending {want!r}; got {lines}")
+    if transport_name(d, members) != "shm+tcp":
+        return
+    # A hybrid group also says how it split into hosts (hybrid_setup.c).
+    hosts = list(dict.fromkeys(d.host_of(q) for q in members))  # in the order of their lowest rank
+    sizes = [sum(d.host_of(q) == h for q in members) for h in hosts]
+    mine = d.host_of(rank)
+    index = [q for q in members if d.host_of(q) == mine].index(rank)
+    want = (f"communicator '{name}' spans {len(hosts)} hosts (ranks per host {'+'.join(map(str, sizes))}"
+            f"{'' if len(set(sizes)) == 1 else ', uneven'}): this rank is on host {hosts.index(mine)} at local "
+            f"index {index}; shared memory with {sizes[hosts.index(mine)] - 1} rank(s) of its host, TCP to the "
+            "other hosts")
+    lines = [ln for ln in d.log(rank) if f"TCCOMM INFO communicator '{name}' spans" in ln]
+    assert len(lines) == 1 and lines[0].endswith(want), (
+        f"rank {rank}, group {members}: expected one INFO line ending {want!r}; got {lines}")
 
 
 # ---------------------------------------------------------------------------

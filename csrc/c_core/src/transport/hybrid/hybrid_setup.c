@@ -107,8 +107,8 @@ static void log_topology(tcc_comm_t *comm, const tcc__topology_t *t) {
   for (int h = 0; h < t->nhosts && used < sizeof hosts - 16; h++)
     used += (size_t)snprintf(hosts + used, sizeof hosts - used, "%s%d", h ? "+" : "", t->host_size[h]);
   TCC_LOG_INFO(comm->rank,
-               "communicator '%s': %d hosts (ranks per host %s%s); this rank is host %d, local index %d: "
-               "shared memory with %d rank(s) of its host, TCP to the other hosts",
+               "communicator '%s' spans %d hosts (ranks per host %s%s): this rank is on host %d at local "
+               "index %d; shared memory with %d rank(s) of its host, TCP to the other hosts",
                comm->name, t->nhosts, hosts, t->uniform ? "" : ", uneven", t->host, t->local_index[comm->rank],
                t->host_size[t->host] - 1);
 }
