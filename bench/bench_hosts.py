@@ -8,8 +8,9 @@ Each host runs one torchrun (--nnodes, --node-rank) whose ranks are
 bench_collectives.py workers, so every point is verified and timed exactly
 as on one host, tccomm and gloo in the same processes. The report adds, per
 point, busbw as a fraction of the link rate and, for allreduce, the time
-against its lower bound across hosts: every host must send and receive the
-whole message once (N bytes each way on its link, whatever the algorithm).
+against its lower bound across hosts: every host's link must carry
+2(H-1)/H of the message each way (N bytes on 2 hosts), whatever the
+algorithm.
 
     sudo .venv/bin/python bench/bench_hosts.py --hosts 2 --per-host 2 --rate 10gbit
 """
@@ -84,9 +85,11 @@ def link_report(args, rows: list[dict]) -> None:
             line += f"{r['time_us']:>14.1f}{r['busbw_GBps'] * 1e9 / link:>12.2f}" if r else f"{'-':>14}{'-':>12}"
         t, g = keyed.get((op, nbytes, "tccomm")), keyed.get((op, nbytes, "gloo"))
         line += f"{g['time_us'] / t['time_us']:>12.2f}x" if t and g else f"{'-':>13}"
-        # The whole message once each way on every host's link: N / rate.
+        # Every host's link carries 2(H-1)/H of the message each way at least
+        # (N on 2 hosts), whatever the algorithm.
         if op == "allreduce" and t:
-            line += f"{(nbytes / link) * 1e6 / t['time_us']:>16.0%}"
+            bound_s = 2 * (args.hosts - 1) / args.hosts * nbytes / link
+            line += f"{bound_s * 1e6 / t['time_us']:>16.0%}"
         print(line)
 
 
