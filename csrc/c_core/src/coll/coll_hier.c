@@ -78,8 +78,9 @@ static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, u
   tcc_comm_t *local = t->local, *cross = t->cross;
   const int L = local->size, l = local->rank;
   const size_t es = tcc_dtype_size(c->dtype), shard = c->count / (size_t)L, main = shard * (size_t)L;
-  tcc__coll_scratch_t *s = coll_scratch_of(local);
-  void **parts = (void **)s->part_out; /* [L] pointers into recv / send */
+  /* [L] pointers into send / recv: the group's own scratch, which no
+   * phase touches (each view runs on its own). */
+  void **parts = (void **)coll_scratch_of(comm)->part_out;
   tcc_result_t r = TCC_OK;
   if (shard > 0) {
     for (int j = 0; j < L; j++) parts[j] = at(c->send, (size_t)j * shard * es);
