@@ -62,10 +62,11 @@ static tcc_result_t phase(tcc_comm_t *view, const tcc_coll_t *c, uint64_t seq, i
   return view ? tcc__coll_run(view, c, seq, deadline, err) : TCC_OK;
 }
 
+/* A phase's collective: c's dtype and PREMUL_SUM factor, root 0. */
 static tcc_coll_t reduction(tcc_coll_kind_t kind, const tcc_coll_t *c, tcc_redop_t redop, void *send, void *recv,
-                            size_t count, int root) {
+                            size_t count) {
   return (tcc_coll_t){.kind = kind, .dtype = c->dtype, .redop = redop, .premul = c->premul,
-                      .root = root, .count = count, .send = send, .recv = recv};
+                      .count = count, .send = send, .recv = recv};
 }
 
 /* The op the phases after the first apply: they combine partial results,
@@ -84,22 +85,22 @@ static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, u
   tcc_result_t r = TCC_OK;
   if (shard > 0) {
     for (int j = 0; j < L; j++) parts[j] = at(c->send, (size_t)j * shard * es);
-    tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, c, c->redop, NULL, at(c->recv, (size_t)l * shard * es), shard, 0);
+    tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, c, c->redop, NULL, at(c->recv, (size_t)l * shard * es), shard);
     rs.sends = parts;
     r = phase(local, &rs, seq, deadline, err);
-    tcc_coll_t ar = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), rs.recv, rs.recv, shard, 0);
+    tcc_coll_t ar = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), rs.recv, rs.recv, shard);
     if (r == TCC_OK) r = phase(cross, &ar, seq, deadline, err);
     for (int j = 0; j < L; j++) parts[j] = at(c->recv, (size_t)j * shard * es);
-    tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, c, c->redop, rs.recv, NULL, shard, 0);
+    tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, c, c->redop, rs.recv, NULL, shard);
     ag.recvs = parts;
     if (r == TCC_OK) r = phase(local, &ag, seq, deadline, err);
   }
   /* The count % L elements left: the same order, host first. */
   if (r == TCC_OK && main < c->count) {
     tcc_coll_t host = reduction(TCC_COLL_ALLREDUCE, c, c->redop, at(c->send, main * es), at(c->recv, main * es),
-                                c->count - main, 0);
+                                c->count - main);
     r = phase(local, &host, seq, deadline, err);
-    tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), host.recv, host.recv, host.count, 0);
+    tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), host.recv, host.recv, host.count);
     if (r == TCC_OK) r = phase(cross, &hosts, seq, deadline, err);
   }
   return r;
@@ -111,7 +112,7 @@ static tcc_result_t allreduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, 
   const bool leader = t->local_index[comm->rank] == 0;
   tcc_result_t r = TCC_OK;
   if (t->local) {
-    tcc_coll_t host = reduction(TCC_COLL_REDUCE, c, c->redop, c->send, c->recv, c->count, 0);
+    tcc_coll_t host = reduction(TCC_COLL_REDUCE, c, c->redop, c->send, c->recv, c->count);
     r = phase(t->local, &host, seq, deadline, err);
   } else if (c->redop == TCC_PREMUL_SUM) { /* alone on its host: the factor is still applied once */
     const void *src = c->send;
@@ -120,7 +121,7 @@ static tcc_result_t allreduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, 
     memcpy(c->recv, c->send, c->count * tcc_dtype_size(c->dtype));
   }
   if (r == TCC_OK && leader) {
-    tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), c->recv, c->recv, c->count, 0);
+    tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), c->recv, c->recv, c->count);
     r = phase(t->cross, &hosts, seq, deadline, err);
   }
   if (r == TCC_OK) {

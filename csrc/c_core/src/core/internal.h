@@ -144,6 +144,10 @@ static inline int tcc__rank_label(const tcc_comm_t *comm, int r) {
 /* This rank, as the user knows it. */
 static inline int tcc__self_label(const tcc_comm_t *comm) { return tcc__rank_label(comm, comm->rank); }
 
+/* Busy polls a wait may spend before it yields, for a group of `ranks`
+ * on this machine: many only when every rank has a core to itself. */
+int tcc__spin_budget(int ranks);
+
 /* core/view.c. A view of `size` of parent's ranks (members[r]: parent rank
  * of view rank r; this rank is view rank `rank`), named and timed like the
  * parent, with no transport yet: the caller sets one up, then attaches the

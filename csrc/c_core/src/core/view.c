@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "transport/transport.h"
 
@@ -36,8 +35,8 @@ tcc_comm_t *tcc__comm_view_new(tcc_comm_t *parent, int rank, int size, const int
   atomic_store(&v->timeout_ms, atomic_load(&parent->timeout_ms));
   pthread_mutex_init(&v->fail_lock, NULL);
   pthread_mutex_init(&v->group_lock, NULL);
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  v->spin_iters = size <= cpus ? parent->spin_iters : 16;
+  const int budget = tcc__spin_budget(size);
+  v->spin_iters = budget < parent->spin_iters ? budget : parent->spin_iters;
   return v;
 }
 
