@@ -23,10 +23,12 @@ typedef struct rendezvous {
 
 typedef void (*rank_fn)(tcc_comm_t *comm);
 
-typedef void (*rank_fn)(tcc_comm_t *comm);
-
 /* Set by a rank function that destroyed the communicator itself. */
 static int group_comm_destroyed;
+
+/* When set, every forked rank calls it before creating its communicator
+ * (its own environment, process attributes). */
+static void (*group_rank_setup)(int rank);
 
 /* The simulated host of rank r under a spec's "-hosts" (a host per
  * rank), "-pairs" (ranks 2h and 2h+1 on host h), "-interleaved" (even
@@ -77,6 +79,7 @@ static int __attribute__((unused)) run_group(int n, const char *spec, int64_t ti
     pids[r] = fork();
     if (pids[r] != 0) continue;
     check_failures = 0; /* a rank reports its own failures, not the cases before it */
+    if (group_rank_setup) group_rank_setup(r);
     tcc_endpoint_t *ep;
     uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
     if (tcc_endpoint_open("127.0.0.1", &ep, blob) != TCC_OK) {

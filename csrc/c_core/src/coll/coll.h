@@ -60,6 +60,9 @@ typedef struct tcc_coll_desc {
 
 /* Bytes a descriptor takes on a communicator of `size` ranks. */
 size_t tcc__coll_desc_bytes(tcc_coll_kind_t kind, int size);
+/* Bytes of a spans transport's descriptor slot: the largest descriptor
+ * and the block of single-copy movement (coll_direct.c). */
+size_t tcc__coll_spans_desc_bytes(int size);
 /* Writes this rank's descriptor (tcc__coll_desc_bytes bytes) into out. */
 void tcc__coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out);
 /* Checks the descriptors of all ranks (descs[r] points at rank r's) and

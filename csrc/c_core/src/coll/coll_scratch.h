@@ -27,7 +27,8 @@ typedef struct tcc__coll_scratch {
   const void **srcs;
   const void **descs;
   coll_piece_t *pieces;
-  coll_read_t *reads;
+  coll_read_t *reads;  /* what this rank reads from each peer */
+  coll_read_t *writes; /* what each peer reads from this rank (single-copy movement) */
   const char **part_src;
   char **part_out;
   size_t *part_len;
@@ -40,6 +41,31 @@ typedef struct tcc__coll_scratch {
 static inline tcc__coll_scratch_t *coll_scratch_of(tcc_comm_t *comm) {
   return (tcc__coll_scratch_t *)comm->coll_scratch;
 }
+
+/* coll_direct.c: single-copy movement over spans (see the file). The
+ * block goes into this rank's descriptor span at the first stage;
+ * publish returns whether this rank must stage its first window too. */
+bool tcc__direct_publish(tcc_comm_t *comm, const tcc_coll_t *c, char *desc_span, const coll_piece_t *pieces, int np,
+                         size_t stream_len);
+typedef enum {
+  TCC__DIRECT_NONE,    /* through the windows */
+  TCC__DIRECT_RESTAGE, /* through the windows, the first one staged again */
+  TCC__DIRECT_READS,   /* single-copy */
+} tcc__direct_plan_t;
+/* Every rank's same choice, from every rank's descriptor span (descs)
+ * and the longest stream. */
+tcc__direct_plan_t tcc__direct_choose(tcc_comm_t *comm, const void *const *descs, size_t longest);
+/* Moves the op's data single-copy: reads[j] is what this rank reads from
+ * peer j's stream, writes[r] what peer r reads from this rank's (whose
+ * pieces are pieces[0..np)); where one side of a rooted op would idle, it
+ * moves a share of the bytes itself. Then waits at one more stage barrier,
+ * so every buffer outlives the copies into and out of it. */
+tcc_result_t tcc__direct_move(tcc_comm_t *comm, const tcc_coll_t *c, const void *const *descs,
+                              const coll_piece_t *pieces, int np, const coll_read_t *reads,
+                              const coll_read_t *writes, uint64_t seq, int64_t deadline, tcc_err_t *err);
+/* For the op log: whether this rank expects single-copy movement for c
+ * (the group may still fall back: it learns the peers' verdicts in the op). */
+bool tcc__direct_expected(tcc_comm_t *comm, const tcc_coll_t *c);
 
 /* coll_staged.c, coll_stream.c: one collective over each kind of transport offer. */
 tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,

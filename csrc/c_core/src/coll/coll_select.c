@@ -36,6 +36,7 @@ tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
     s->descs = calloc(n, sizeof *s->descs);
     s->pieces = calloc(n, sizeof *s->pieces);
     s->reads = calloc(n, sizeof *s->reads);
+    s->writes = calloc(n, sizeof *s->writes);
     s->part_src = calloc(n, sizeof *s->part_src);
     s->part_out = calloc(n, sizeof *s->part_out);
     s->part_len = calloc(n, sizeof *s->part_len);
@@ -44,7 +45,7 @@ tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
     s->poll_revents = calloc(n, sizeof *s->poll_revents);
   }
   comm->coll_scratch = s;
-  if (!s || !s->srcs || !s->descs || !s->pieces || !s->reads || !s->part_src || !s->part_out || !s->part_len ||
+  if (!s || !s->srcs || !s->descs || !s->pieces || !s->reads || !s->writes || !s->part_src || !s->part_out || !s->part_len ||
       !s->poll_peers || !s->poll_events || !s->poll_revents) {
     tcc__coll_release(comm);
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): out of memory", comm->name, tcc__self_label(comm));
@@ -60,6 +61,7 @@ void tcc__coll_release(tcc_comm_t *comm) {
   free(s->descs);
   free(s->pieces);
   free(s->reads);
+  free(s->writes);
   free(s->part_src);
   free(s->part_out);
   free(s->part_len);
@@ -77,7 +79,7 @@ const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c) {
   const int reduction = c->kind == TCC_COLL_ALLREDUCE || c->kind == TCC_COLL_REDUCE || c->kind == TCC_COLL_REDUCE_SCATTER;
   if (comm->ops->spans) {
     if (c->kind == TCC_COLL_BARRIER) return "spans stage barrier";
-    if (!reduction) return "spans windowed copy";
+    if (!reduction) return tcc__direct_expected(comm, c) ? "spans single-copy reads" : "spans windowed copy";
     if (tcc__coll_staged_one_shot(c->kind, c->count * tcc_dtype_size(c->dtype), comm->ops->spans->one_shot_bytes(comm)))
       return "spans one-shot reduction";
     return c->kind == TCC_COLL_REDUCE_SCATTER ? "spans pipelined reduce-scatter" : "spans pipelined reduce-scatter + all-gather";

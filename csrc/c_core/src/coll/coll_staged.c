@@ -8,7 +8,9 @@
  *
  * Data movement (broadcast, gathers, scatter, all-to-all): each rank
  * stages a "stream" (the bytes others need from it) window by window;
- * readers copy the part of each window that is theirs.
+ * readers copy the part of each window that is theirs. Where every rank
+ * can read its peers' memory, large ones instead read it in place, one
+ * copy (coll_direct.c).
  *
  * Reductions: each stage every rank stages one slot per destination part;
  * rank i reduces part i from all ranks' slots in rank order (bit-identical
@@ -106,27 +108,30 @@ static int build_stream(tcc_comm_t *comm, const tcc_coll_t *c, size_t es, coll_p
   return np;
 }
 
-/* Length of rank j's stream, and what this rank reads from it; from the
- * (already checked) descriptors so it is known for every peer. */
-static size_t plan_read(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, size_t es, int j,
+/* Length of rank j's stream, and what rank `me` reads from it; from the
+ * (already checked) descriptors so it is known for every pair. The
+ * destination is this rank's own buffer when me is this rank, else NULL
+ * (single-copy writes find it in the reader's published block). */
+static size_t plan_read(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, size_t es, int me, int j,
                         coll_read_t *rd) {
-  const int n = comm->size, me = comm->rank, root = c->root;
+  const int n = comm->size, root = c->root;
+  const bool mine = me == comm->rank;
   const size_t bytes = c->count * es;
   *rd = (coll_read_t){0, 0, NULL};
   switch (c->kind) {
     case TCC_COLL_BROADCAST:
-      if (me != root && j == root) *rd = (coll_read_t){0, bytes, c->recv};
+      if (me != root && j == root) *rd = (coll_read_t){0, bytes, mine ? c->recv : NULL};
       return j == root ? bytes : 0;
     case TCC_COLL_ALLGATHER:
-      if (j != me) *rd = (coll_read_t){0, bytes, c->recvs[j]};
+      if (j != me) *rd = (coll_read_t){0, bytes, mine ? c->recvs[j] : NULL};
       return bytes;
     case TCC_COLL_GATHER:
-      if (me == root && j != root) *rd = (coll_read_t){0, bytes, c->recvs[j]};
+      if (me == root && j != root) *rd = (coll_read_t){0, bytes, mine ? c->recvs[j] : NULL};
       return j == root ? 0 : bytes;
     case TCC_COLL_SCATTER:
       if (me != root && j == root) {
         size_t index = (size_t)(me < root ? me : me - 1);
-        *rd = (coll_read_t){index * bytes, bytes, c->recv};
+        *rd = (coll_read_t){index * bytes, bytes, mine ? c->recv : NULL};
       }
       return j == root ? (size_t)(n - 1) * bytes : 0;
     case TCC_COLL_ALLTOALL: {
@@ -137,7 +142,7 @@ static size_t plan_read(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, siz
         if (k < me) off += sent[k] * es;
         total += sent[k] * es;
       }
-      if (j != me) *rd = (coll_read_t){off, sent[me] * es, c->recvs[j]};
+      if (j != me) *rd = (coll_read_t){off, sent[me] * es, mine ? c->recvs[j] : NULL};
       return total;
     }
     default:
@@ -171,20 +176,29 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
   for (int i = 0; i < np; i++) my_len += st->sc->pieces[i].len;
 
   int parity = next_parity(st);
-  tcc__coll_desc_fill(c, seq, n, desc_of(st, me, parity));
-  copy_stream(in_of(st, me, parity), st->sc->pieces, np, 0, min_sz(my_len, W));
+  char *desc = desc_of(st, me, parity);
+  tcc__coll_desc_fill(c, seq, n, desc);
+  if (tcc__direct_publish(comm, c, desc, st->sc->pieces, np, my_len))
+    copy_stream(in_of(st, me, parity), st->sc->pieces, np, 0, min_sz(my_len, W));
   tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
   if (r != TCC_OK) return r;
 
   size_t longest = 0;
   for (int j = 0; j < n; j++) {
-    size_t len = plan_read(comm, st, c, es, j, &st->sc->reads[j]);
+    size_t len = plan_read(comm, st, c, es, me, j, &st->sc->reads[j]);
     if (len > longest) longest = len;
   }
   copy_local(comm, c, es);
+  const tcc__direct_plan_t plan = tcc__direct_choose(comm, st->sc->descs, longest);
+  if (plan == TCC__DIRECT_READS) {
+    /* What every peer reads from this rank: a share of it this rank writes. */
+    for (int r = 0; r < n; r++) plan_read(comm, st, c, es, r, me, &st->sc->writes[r]);
+    return tcc__direct_move(comm, c, st->sc->descs, st->sc->pieces, np, st->sc->reads, st->sc->writes, seq,
+                            deadline, err);
+  }
 
   for (size_t lo = 0; lo < longest; lo += W) {
-    if (lo > 0) {
+    if (lo > 0 || plan == TCC__DIRECT_RESTAGE) {
       parity = next_parity(st);
       if (my_len > lo) copy_stream(in_of(st, me, parity), st->sc->pieces, np, lo, min_sz(my_len - lo, W));
       r = stage_barrier(st, deadline, tcc__coll_name(c->kind), seq, err);

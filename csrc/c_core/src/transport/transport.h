@@ -30,6 +30,19 @@ typedef struct tcc__spans_ops {
    * communicator failed. */
   tcc_result_t (*barrier)(tcc_comm_t *comm, int64_t deadline_ns, const char *what, uint64_t seq,
                           tcc_err_t *err);
+  /* Single-copy movement: bytes go straight from another rank's own
+   * memory into this rank's, one copy instead of two through the windows.
+   * direct_bytes: this rank's own verdict, SIZE_MAX when it cannot read
+   * every peer this way, else the size from which movement should go
+   * direct (the same on every rank that can); algorithms combine every
+   * rank's published value before choosing. peer_read copies `len` bytes
+   * at address `remote` of `rank` into `local`, peer_write the other way;
+   * an error names the op (`what`, seq) and the peer. */
+  size_t (*direct_bytes)(tcc_comm_t *comm);
+  tcc_result_t (*peer_read)(tcc_comm_t *comm, int rank, void *local, uint64_t remote, size_t len, const char *what,
+                            uint64_t seq, tcc_err_t *err);
+  tcc_result_t (*peer_write)(tcc_comm_t *comm, int rank, const void *local, uint64_t remote, size_t len,
+                             const char *what, uint64_t seq, tcc_err_t *err);
 } tcc__spans_ops_t;
 
 /* Byte streams between every pair of ranks, reserved for collectives (the

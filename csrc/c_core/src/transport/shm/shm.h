@@ -7,6 +7,7 @@
  * shm_liveness.c knowing when a peer is gone
  * shm_segment.c  creating, verifying and attaching segments (also windows')
  * shm_reap.c     removing what killed processes left in /dev/shm
+ * shm_cma.c      single-copy reads from a peer's memory (cross-memory attach)
  *
  * One segment per communicator, created by rank 0 under a name derived
  * from rank 0's random endpoint token, mode 0600, and unlinked as soon as
@@ -35,6 +36,7 @@ typedef struct shm_header {
   uint64_t window;      /* W: staging bytes per rank, per parity, per area */
   uint64_t small_bytes; /* reductions up to this size go one-shot */
   uint64_t ring_bytes;  /* p2p ring capacity per ordered pair */
+  uint64_t direct_bytes; /* movement from this size reads peers' memory directly */
   uint64_t desc_stride;
   uint64_t ctrl_off, desc_off, data_off, ring_off;
   _Alignas(TCC_CACHELINE) atomic_uint barrier_futex;
@@ -46,6 +48,12 @@ typedef struct shm_rank_ctrl {
   _Alignas(TCC_CACHELINE) atomic_uint doorbell; /* bumped to wake the p2p thread */
   atomic_int doorbell_sleeping;
   atomic_int destroyed; /* set before the rank lets go of its liveness lock */
+  /* Single-copy reads (shm_cma.c), written before the rank counts itself
+   * attached: its process id (0: it offers none) and where a word holding
+   * probe_value lies in its own memory, which a peer reads to prove that
+   * it can and that the id names this rank in the peer's pid namespace. */
+  int32_t pid;
+  uint64_t probe_addr, probe_value;
 } shm_rank_ctrl_t;
 
 typedef struct shm_ring {
@@ -61,6 +69,8 @@ typedef struct shm_state {
   uint64_t stage; /* last barrier stage passed; identical on every rank */
   size_t window;
   size_t small_bytes; /* reductions up to this size go one-shot */
+  size_t direct_bytes; /* see tcc__spans_ops_t: SIZE_MAX when a peer cannot be read */
+  uint64_t probe;      /* the word peers read to test single-copy reads */
   /* Liveness (see shm_liveness.c): this rank holds a lock on byte `rank`
    * of the segment's file for as long as it lives; the kernel drops it
    * when the process dies, however it dies. */
@@ -111,6 +121,17 @@ ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t l
 ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
 void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
 void tcc__shm_p2p_notify(tcc_comm_t *comm);
+
+/* shm_cma.c. publish: before the rank counts itself attached, offers
+ * single-copy reads of its memory unless TCCOMM_CMA=0 (this rank's own
+ * environment). probe: once every rank attached, tries to read each peer
+ * and sets st->direct_bytes. */
+void tcc__shm_cma_publish(tcc_comm_t *comm, shm_state_t *st);
+void tcc__shm_cma_probe(tcc_comm_t *comm, shm_state_t *st);
+tcc_result_t tcc__shm_peer_read(tcc_comm_t *comm, int rank, void *local, uint64_t remote, size_t len,
+                                const char *what, uint64_t seq, tcc_err_t *err);
+tcc_result_t tcc__shm_peer_write(tcc_comm_t *comm, int rank, const void *local, uint64_t remote, size_t len,
+                                 const char *what, uint64_t seq, tcc_err_t *err);
 
 /* shm_liveness.c. Takes this rank's liveness lock on `fd`, the segment's
  * descriptor from tcc__segment_create (rank 0, which holds it already) or

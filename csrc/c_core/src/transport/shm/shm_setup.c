@@ -22,6 +22,9 @@
 #define DEFAULT_WINDOW (512u * 1024u)
 #define MAX_WINDOW (64u << 20)
 #define DEFAULT_SMALL (32u * 1024u)
+/* Below this, staging one window costs less than the second barrier and
+ * the system calls of single-copy reads (bench/bench_collectives.py). */
+#define DEFAULT_DIRECT (64u * 1024u)
 
 _Static_assert(sizeof(shm_header_t) <= HEADER_BYTES, "the header must fit the segment's first page");
 
@@ -43,12 +46,13 @@ static size_t min_window(int n) { return align_up((size_t)n * TCC_CACHELINE, 409
 
 /* Rank 0's choice of the tunables: its environment alone decides, and the
  * header carries the result to every other rank. */
-static void choose_sizes(int n, uint64_t *window, uint64_t *small) {
+static void choose_sizes(int n, uint64_t *window, uint64_t *small, uint64_t *direct) {
   size_t w = align_up(env_bytes("TCCOMM_SHM_WINDOW_BYTES", DEFAULT_WINDOW, 4096, MAX_WINDOW), 4096);
   if (w < min_window(n)) w = min_window(n);
   size_t s = env_bytes("TCCOMM_SHM_SMALL_BYTES", DEFAULT_SMALL, 0, w);
   *window = w;
   *small = s < w ? s : w;
+  *direct = env_bytes("TCCOMM_SHM_DIRECT_BYTES", DEFAULT_DIRECT, 0, SIZE_MAX);
 }
 
 /* Everything else follows from the group size and the window: rank 0 lays
@@ -60,7 +64,7 @@ static void layout(shm_header_t *h, int n, uint64_t window) {
   h->window = window;
   h->ring_bytes = n <= 4 ? (1u << 20) : align_up((4u << 20) / (size_t)n, 4096);
   if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
-  h->desc_stride = align_up(tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, n), TCC_CACHELINE);
+  h->desc_stride = align_up(tcc__coll_spans_desc_bytes(n), TCC_CACHELINE);
   h->ctrl_off = HEADER_BYTES;
   h->desc_off = align_up(h->ctrl_off + (size_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
   h->data_off = align_up(h->desc_off + (size_t)n * 2 * h->desc_stride, 4096);
@@ -76,8 +80,8 @@ static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id,
                                    int *fd, tcc_err_t *err) {
   shm_header_t h;
   memset(&h, 0, sizeof h);
-  uint64_t window, small;
-  choose_sizes(comm->size, &window, &small);
+  uint64_t window, small, direct;
+  choose_sizes(comm->size, &window, &small, &direct);
   layout(&h, comm->size, window);
   void *base;
   tcc_result_t r = tcc__segment_create(id, h.seg.total_bytes, comm->size, who, &base, fd, err);
@@ -87,6 +91,7 @@ static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id,
   hdr->size = h.size;
   hdr->window = h.window;
   hdr->small_bytes = small;
+  hdr->direct_bytes = direct;
   hdr->ring_bytes = h.ring_bytes;
   hdr->desc_stride = h.desc_stride;
   hdr->ctrl_off = h.ctrl_off;
@@ -191,6 +196,7 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
     free(st);
     return err->code;
   }
+  tcc__shm_cma_publish(comm, st);
   int n = comm->size, got = 0;
   r = tcc__segment_attach(st->base, st->lock_fd, &id, comm->rank, n, deadline, who, &got, err);
   if (r != TCC_OK) {
@@ -205,6 +211,7 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   /* Rank 0's values, checked: never this rank's own environment. */
   st->window = st->hdr->window;
   st->small_bytes = st->hdr->small_bytes;
+  tcc__shm_cma_probe(comm, st);
   comm->transport_state = st;
   comm->ops = &shm_ops;
   return TCC_OK;

@@ -99,6 +99,7 @@ static char *desc_span(tcc_comm_t *comm, int rank, int parity) { return shm_desc
 static char *input_span(tcc_comm_t *comm, int rank, int parity) { return shm_in(shm_of(comm), rank, parity); }
 static char *result_span(tcc_comm_t *comm, int rank, int parity) { return shm_res(shm_of(comm), rank, parity); }
 static int next_parity(tcc_comm_t *comm) { return (int)((shm_of(comm)->stage + 1) & 1); }
+static size_t direct_bytes(tcc_comm_t *comm) { return shm_of(comm)->direct_bytes; }
 
 const tcc__spans_ops_t tcc__shm_spans = {
     .window_bytes = window_bytes,
@@ -108,4 +109,7 @@ const tcc__spans_ops_t tcc__shm_spans = {
     .result = result_span,
     .next_parity = next_parity,
     .barrier = stage_barrier,
+    .direct_bytes = direct_bytes,
+    .peer_read = tcc__shm_peer_read,
+    .peer_write = tcc__shm_peer_write,
 };

@@ -1,0 +1,291 @@
+/*
+ * test_direct.c - single-copy data movement (coll/coll_direct.c over
+ * transport/shm/shm_cma.c) in real shared-memory groups of forked ranks.
+ *
+ * Every movement op (broadcast from each root, allgather in and out of
+ * place, gather, scatter, all-to-all-v, in place too) is checked element
+ * for element against values computed here, at sizes below, at and above
+ * the single-copy threshold and across several windows. Which path ran is
+ * proved by the number of stage barriers the op took, read from the
+ * segment's state: 2 for single-copy reads, one per window otherwise, one
+ * more when the group fell back after a rank had skipped staging its first
+ * window. Groups:
+ *   direct   every rank can read its peers;
+ *   one-off  one rank runs with TCCOMM_CMA=0: nobody reads directly;
+ *   refused  the kernel refuses one direction (rank 0 is not dumpable and
+ *            rank 1 drops CAP_SYS_PTRACE): rank 0 can read rank 1 but not
+ *            the other way round, so the group falls back, and restages
+ *            the first window where rank 0 had skipped it.
+ */
+#include <linux/capability.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "group.h"
+#include "transport/shm/shm.h"
+
+#define WINDOW 65536u       /* TCCOMM_SHM_WINDOW_BYTES */
+#define DIRECT_BYTES 16384u /* TCCOMM_SHM_DIRECT_BYTES */
+#define MAX_N 4
+
+typedef enum { GROUP_DIRECT, GROUP_ONE_OFF, GROUP_REFUSED } group_kind_t;
+static group_kind_t kind;
+static size_t *verdicts; /* [MAX_N], shared by the forked ranks: each one's direct_bytes */
+
+static tcc_buf_t host_buf(void *p, size_t count) { return (tcc_buf_t){p, count, TCC_INT32, -1, NULL}; }
+
+static uint32_t value(int source, size_t i) { return (uint32_t)source * 2654435761u + (uint32_t)i * 40503u + 17u; }
+
+static tcc_result_t finish(tcc_result_t r, tcc_op_t *op) {
+  if (r != TCC_OK) return r;
+  r = tcc_op_wait(op, -1);
+  if (r != TCC_OK) fprintf(stderr, "op failed: %s\n", tcc_op_error(op));
+  tcc_op_release(op);
+  return r;
+}
+#define RUN(call) ({ tcc_op_t *op = NULL; tcc_result_t r_ = (call); finish(r_, op); })
+
+/* The stages an op whose ranks' streams are streams[] must take. */
+static uint64_t expected_stages(int n, const size_t *streams) {
+  size_t longest = 0;
+  for (int j = 0; j < n; j++) longest = streams[j] > longest ? streams[j] : longest;
+  bool every_rank_reads = true, skipped = false;
+  for (int j = 0; j < n; j++) {
+    every_rank_reads &= longest >= verdicts[j];
+    skipped |= streams[j] > 0 && streams[j] >= verdicts[j];
+  }
+  if (every_rank_reads) return 2;
+  uint64_t windows = (longest + WINDOW - 1) / WINDOW;
+  return (windows ? windows : 1) + skipped;
+}
+
+static uint64_t stage_now(tcc_comm_t *comm) { return shm_of(comm)->stage; }
+
+#define CHECK_STAGES(comm, before, streams, what, count)                                                  \
+  do {                                                                                                    \
+    uint64_t took_ = stage_now(comm) - (before), want_ = expected_stages(tcc_comm_size(comm), streams);   \
+    CHECK(took_ == want_, "%s of %zu: %llu stages, expected %llu", what, count, (unsigned long long)took_, \
+          (unsigned long long)want_);                                                                     \
+  } while (0)
+
+static size_t mismatches(const uint32_t *got, int source, size_t count, size_t *first) {
+  size_t bad = 0;
+  for (size_t i = 0; i < count; i++)
+    if (got[i] != value(source, i) && bad++ == 0) *first = i;
+  return bad;
+}
+
+#define CHECK_DATA(got, source, count, what)                                                     \
+  do {                                                                                           \
+    size_t first_ = 0, bad_ = mismatches(got, source, count, &first_);                           \
+    CHECK(bad_ == 0, "%s of %zu from %d: %zu wrong, first at %zu", what, count, source, bad_, first_); \
+  } while (0)
+
+static void test_broadcast(tcc_comm_t *comm, size_t count) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  uint32_t *buf = malloc(count * 4 + 4);
+  for (int root = 0; root < n; root++) {
+    for (size_t i = 0; i < count; i++) buf[i] = me == root ? value(root, i) : 0xdeadbeef;
+    size_t streams[MAX_N] = {0};
+    streams[root] = count * 4;
+    uint64_t before = stage_now(comm);
+    CHECK(RUN(tcc_broadcast(comm, host_buf(buf, count), root, NULL, &op)) == TCC_OK, "broadcast");
+    CHECK_STAGES(comm, before, streams, "broadcast", count);
+    CHECK_DATA(buf, root, count, "broadcast");
+  }
+  free(buf);
+}
+
+static void test_allgather(tcc_comm_t *comm, size_t count, bool in_place) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  uint32_t *all = malloc((size_t)n * count * 4 + 4), *mine = malloc(count * 4 + 4);
+  tcc_buf_t recvs[MAX_N];
+  for (int j = 0; j < n; j++) recvs[j] = host_buf(all + (size_t)j * count, count);
+  memset(all, 0xee, (size_t)n * count * 4);
+  uint32_t *send = in_place ? all + (size_t)me * count : mine;
+  for (size_t i = 0; i < count; i++) send[i] = value(me, i);
+  size_t streams[MAX_N];
+  for (int j = 0; j < n; j++) streams[j] = count * 4;
+  uint64_t before = stage_now(comm);
+  CHECK(RUN(tcc_allgather(comm, host_buf(send, count), recvs, NULL, &op)) == TCC_OK, "allgather");
+  CHECK_STAGES(comm, before, streams, in_place ? "allgather in place" : "allgather", count);
+  for (int j = 0; j < n; j++) CHECK_DATA(all + (size_t)j * count, j, count, "allgather");
+  free(all);
+  free(mine);
+}
+
+static void test_gather_scatter(tcc_comm_t *comm, size_t count) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm), root = n - 1;
+  uint32_t *all = malloc((size_t)n * count * 4 + 4), *one = malloc(count * 4 + 4);
+  tcc_buf_t bufs[MAX_N];
+  for (int j = 0; j < n; j++) bufs[j] = host_buf(all + (size_t)j * count, count);
+  size_t streams[MAX_N];
+
+  for (size_t i = 0; i < count; i++) one[i] = value(me, i);
+  memset(all, 0xee, (size_t)n * count * 4);
+  for (int j = 0; j < n; j++) streams[j] = j == root ? 0 : count * 4;
+  uint64_t before = stage_now(comm);
+  CHECK(RUN(tcc_gather(comm, host_buf(one, count), me == root ? bufs : NULL, root, NULL, &op)) == TCC_OK, "gather");
+  CHECK_STAGES(comm, before, streams, "gather", count);
+  if (me == root)
+    for (int j = 0; j < n; j++) CHECK_DATA(all + (size_t)j * count, j, count, "gather");
+
+  for (int j = 0; j < n; j++)
+    for (size_t i = 0; i < count; i++) all[(size_t)j * count + i] = value(j, i);
+  memset(one, 0xee, count * 4);
+  for (int j = 0; j < n; j++) streams[j] = j == root ? (size_t)(n - 1) * count * 4 : 0;
+  before = stage_now(comm);
+  CHECK(RUN(tcc_scatter(comm, me == root ? bufs : NULL, host_buf(one, count), root, NULL, &op)) == TCC_OK, "scatter");
+  CHECK_STAGES(comm, before, streams, "scatter", count);
+  CHECK_DATA(one, me, count, "scatter");
+  free(all);
+  free(one);
+}
+
+/* Rank j sends count * (j + 1) elements to every peer (all-to-all-v with
+ * unequal streams: the largest decides), or count to each in place. */
+static size_t a2a_count(int from, size_t count, bool uneven) { return uneven ? count * (size_t)(from + 1) : count; }
+
+static void test_alltoall(tcc_comm_t *comm, size_t count, bool uneven, bool in_place) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  uint32_t *sendbuf[MAX_N], *recvbuf[MAX_N];
+  tcc_buf_t sends[MAX_N], recvs[MAX_N];
+  size_t streams[MAX_N] = {0};
+  for (int j = 0; j < n; j++) {
+    const size_t out = a2a_count(me, count, uneven), in = a2a_count(j, count, uneven);
+    recvbuf[j] = malloc((in > out ? in : out) * 4 + 4);
+    sendbuf[j] = in_place ? recvbuf[j] : malloc(out * 4 + 4);
+    for (size_t i = 0; i < out; i++) sendbuf[j][i] = value(me * MAX_N + j, i);
+    if (!in_place) memset(recvbuf[j], 0xee, in * 4);
+    sends[j] = host_buf(sendbuf[j], out);
+    recvs[j] = host_buf(recvbuf[j], in);
+    for (int k = 0; k < n; k++)
+      if (k != j) streams[j] += a2a_count(j, count, uneven) * 4;
+  }
+  uint64_t before = stage_now(comm);
+  CHECK(RUN(tcc_alltoall(comm, sends, recvs, NULL, &op)) == TCC_OK, "alltoall");
+  CHECK_STAGES(comm, before, streams, in_place ? "alltoall in place" : uneven ? "alltoallv" : "alltoall", count);
+  for (int j = 0; j < n; j++) {
+    CHECK_DATA(recvbuf[j], j * MAX_N + me, a2a_count(j, count, uneven), "alltoall");
+    if (!in_place) free(sendbuf[j]);
+    free(recvbuf[j]);
+  }
+}
+
+static void exchange_verdicts(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  verdicts[me] = shm_of(comm)->direct_bytes;
+  CHECK(RUN(tcc_barrier(comm, NULL, &op)) == TCC_OK, "barrier");
+  for (int j = 0; j < n; j++) {
+    const size_t v = verdicts[j];
+    switch (kind) {
+      case GROUP_DIRECT: CHECK(v == DIRECT_BYTES, "direct group: rank %d cannot read its peers", j); break;
+      case GROUP_ONE_OFF: CHECK(v == SIZE_MAX, "one rank offers no reads, yet rank %d reads", j); break;
+      case GROUP_REFUSED:
+        CHECK(v == (j == 0 ? DIRECT_BYTES : SIZE_MAX), "refused group: rank %d's verdict is %zu", j, v);
+        break;
+    }
+  }
+}
+
+static void all_ops(tcc_comm_t *comm) {
+  exchange_verdicts(comm);
+  /* Below, at and above the threshold, within one window and across many. */
+  const size_t counts[] = {0, 1, 1000, DIRECT_BYTES / 4 - 1, DIRECT_BYTES / 4, 5000, WINDOW / 4 + 3, 100003};
+  for (size_t k = 0; k < sizeof counts / sizeof *counts; k++) {
+    const size_t count = counts[k];
+    test_broadcast(comm, count);
+    test_allgather(comm, count, false);
+    test_allgather(comm, count, true);
+    test_gather_scatter(comm, count);
+    test_alltoall(comm, count, false, false);
+    test_alltoall(comm, count, true, false);
+    test_alltoall(comm, count, false, true);
+  }
+}
+
+/* Drops CAP_SYS_PTRACE from this process: reading a non-dumpable peer is
+ * then refused by the kernel. */
+static void drop_ptrace_capability(void) {
+  struct __user_cap_header_struct head = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  if (syscall(SYS_capget, &head, data) != 0) return;
+  data[CAP_SYS_PTRACE / 32].effective &= ~(1u << (CAP_SYS_PTRACE % 32));
+  data[CAP_SYS_PTRACE / 32].permitted &= ~(1u << (CAP_SYS_PTRACE % 32));
+  if (syscall(SYS_capset, &head, data) != 0) perror("capset");
+}
+
+static void rank_setup(int rank) {
+  switch (kind) {
+    case GROUP_DIRECT: break;
+    case GROUP_ONE_OFF:
+      if (rank == 1) setenv("TCCOMM_CMA", "0", 1);
+      break;
+    case GROUP_REFUSED:
+      if (rank == 0) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+      if (rank == 1) drop_ptrace_capability();
+      break;
+  }
+}
+
+/* Whether this machine lets one process read another's memory at all
+ * (seccomp may forbid the call): the groups that need it are skipped,
+ * with the reason, where it does not. */
+static const char *cma_unavailable(void) {
+  static uint64_t word = 0x5eed;
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  pid_t child = fork();
+  if (child == 0) {
+    uint64_t seen = 0;
+    struct iovec local = {&seen, sizeof seen}, far = {&word, sizeof word};
+    char ok = process_vm_readv(getppid(), &local, 1, &far, 1, 0) == (ssize_t)sizeof seen && seen == word;
+    if (write(fds[1], &ok, 1) != 1) _exit(1);
+    _exit(0);
+  }
+  char ok = 0;
+  if (read(fds[0], &ok, 1) != 1) ok = 0;
+  waitpid(child, NULL, 0);
+  close(fds[0]);
+  close(fds[1]);
+  return ok ? NULL : "process_vm_readv is refused on this machine (ptrace policy or seccomp)";
+}
+
+int main(void) {
+  alarm(600); /* a hang fails the test instead of blocking CI */
+  unsetenv("TCCOMM_TRANSPORT");
+  unsetenv("TCCOMM_CMA");
+  char window[32], direct[32];
+  snprintf(window, sizeof window, "%u", WINDOW);
+  snprintf(direct, sizeof direct, "%u", DIRECT_BYTES);
+  setenv("TCCOMM_SHM_WINDOW_BYTES", window, 1);
+  setenv("TCCOMM_SHM_DIRECT_BYTES", direct, 1);
+  verdicts = mmap(NULL, MAX_N * sizeof *verdicts, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  group_rank_setup = rank_setup;
+  const char *unavailable = cma_unavailable();
+  const struct { const char *name; group_kind_t kind; int n; } groups[] = {
+      {"direct", GROUP_DIRECT, 2},   {"direct", GROUP_DIRECT, 3},   {"direct", GROUP_DIRECT, 4},
+      {"one-off", GROUP_ONE_OFF, 3}, {"refused", GROUP_REFUSED, 2},
+  };
+  int passed = 0, failed = 0;
+  for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
+    kind = groups[g].kind;
+    if (kind != GROUP_ONE_OFF && unavailable) {
+      printf("skip %s n=%d: %s\n", groups[g].name, groups[g].n, unavailable);
+      continue;
+    }
+    int bad = run_group(groups[g].n, "shm", 60000, "direct-group", all_ops);
+    printf("%s %s n=%d\n", bad ? "FAIL" : "ok  ", groups[g].name, groups[g].n);
+    bad ? failed++ : passed++;
+  }
+  printf("test_direct: %d groups passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
