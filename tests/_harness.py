@@ -159,6 +159,7 @@ class Runner:
                 e["TCCOMM_TRANSPORT"] = "tcp"
             else:
                 e.pop("TCCOMM_TRANSPORT", None)
+            e.update(spec.env)
             return e
 
         group = _group.spawn(d, spec.world, lambda rank: [WORKER, cfg_path, str(rank)], env)
