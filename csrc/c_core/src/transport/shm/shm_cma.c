@@ -58,7 +58,7 @@ static ssize_t move_once(pid_t pid, void *local, uint64_t remote, size_t len, bo
 
 void tcc__shm_cma_probe(tcc_comm_t *comm, shm_state_t *st) {
   if (shm_ctrl(st, comm->rank)->pid == 0) {
-    TCC_LOG_INFO(comm->rank, "communicator '%s': single-copy reads off: TCCOMM_CMA=0 on this rank", comm->name);
+    TCC_LOG_INFO(comm->rank, "communicator '%s' moves data through shared memory only: TCCOMM_CMA=0 on this rank", comm->name);
     return;
   }
   for (int j = 0; j < comm->size; j++) {
@@ -77,15 +77,15 @@ void tcc__shm_cma_probe(tcc_comm_t *comm, shm_state_t *st) {
       why = "its process id names another process here (another pid namespace)";
     }
     if (why) {
-      TCC_LOG_INFO(comm->rank, "communicator '%s': single-copy reads off: rank %d cannot be read: %s%s%s",
+      TCC_LOG_INFO(comm->rank, "communicator '%s' moves data through shared memory only: rank %d cannot be read: %s%s%s",
                    comm->name, tcc__rank_label(comm, j), why, code ? ": " : "", code ? strerror(code) : "");
       return;
     }
   }
   st->direct_bytes = st->hdr->direct_bytes;
   TCC_LOG_INFO(comm->rank,
-               "communicator '%s': single-copy reads from every peer for data movement from %zu bytes "
-               "(TCCOMM_SHM_DIRECT_BYTES; TCCOMM_CMA=0 turns them off)",
+               "communicator '%s' moves data from %zu bytes single-copy, straight between the ranks' buffers "
+               "(TCCOMM_SHM_DIRECT_BYTES; TCCOMM_CMA=0 turns it off)",
                comm->name, st->direct_bytes);
 }
 
