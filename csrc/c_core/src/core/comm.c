@@ -140,8 +140,6 @@ fail:
   return tcc__fail_with(&err, err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM);
 }
 
-_Thread_local bool tcc__caller_blocked;
-
 bool tcc__ranks_fit_cores(int ranks) { return ranks <= sysconf(_SC_NPROCESSORS_ONLN); }
 
 int tcc__spin_budget(int ranks) {

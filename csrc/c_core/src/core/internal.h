@@ -149,10 +149,6 @@ static inline int tcc__self_label(const tcc_comm_t *comm) { return tcc__rank_lab
 int tcc__spin_budget(int ranks);
 /* Whether this machine has a core for each of `ranks` processes. */
 bool tcc__ranks_fit_cores(int ranks);
-/* Set by an executor while this thread runs ops that the thread's own
- * caller is blocked on (tcc_op_wait): nothing else of the program waits
- * for this core then, so waits in those ops may spin longer. */
-extern _Thread_local bool tcc__caller_blocked;
 
 /* core/view.c. A view of `size` of parent's ranks (members[r]: parent rank
  * of view rank r; this rank is view rank `rank`), named and timed like the

@@ -128,9 +128,7 @@ static tcc_result_t host_wait(tcc_op_t *op, int64_t timeout_ms) {
   tcc_engine_t *e = comm->engine;
   if (op->kind == TCC_OP_COLL && e) {
     if (timeout_ms < 0 && tcc__host_claim_runner(e)) {
-      tcc__caller_blocked = true;
       tcc__host_run_queue(comm, op);
-      tcc__caller_blocked = false;
       tcc__host_release_runner(e);
     } else if (timeout_ms >= 0) {
       op->exec->start(op);

@@ -77,11 +77,8 @@ static tcc_result_t arrival_trouble(void *arg, int64_t now_ns) {
  * back for a whole time slice). So the spin adapts: it doubles when a wait
  * slept yet ended within SPIN_MAX_NS (a longer spin would have caught it),
  * and halves when a wait outlasts that (the peers were busy elsewhere; a
- * wake-up is then cheap next to the wait). Only a thread whose caller is
- * blocked on the op spins that long: the collective thread runs ops that
- * overlap the program's own work, which needs the core more. With more
- * ranks than cores a spinning rank holds the core a late peer needs:
- * short spin, yields, sleep. */
+ * wake-up is then cheap next to the wait). With more ranks than cores a
+ * spinning rank holds the core a late peer needs: short spin, yields, sleep. */
 #define SPIN_MIN_NS (20 * 1000LL)
 #define SPIN_MAX_NS (5 * 1000 * 1000LL)
 
@@ -111,15 +108,13 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
   }
   arrival_t a = {comm, st, n, 0, stage, what, seq, err};
   bool napped = false;
-  const bool adapts = st->spin_adapts && tcc__caller_blocked;
-  const int64_t start = adapts ? tcc__now_ns() : 0;
+  const int64_t start = st->spin_adapts ? tcc__now_ns() : 0;
   const tcc__idle_wait_t w = {.ready = all_arrived, .check = arrival_trouble, .arg = &a,
-                              .spins = comm->spin_iters, .spin_ns = adapts ? st->spin_ns : 0,
-                              .yields = st->spin_adapts ? 0 : 64,
+                              .spins = comm->spin_iters, .spin_ns = st->spin_ns, .yields = st->spin_adapts ? 0 : 64,
                               .max_nap_ns = 20 * 1000000LL, .deadline_ns = deadline_ns,
                               .word = &h->barrier_futex, .sleepers = &h->barrier_sleepers, .napped = &napped};
   tcc_result_t r = tcc__idle_wait(&w);
-  if (r == TCC_OK && adapts) adapt_spin(st, tcc__now_ns() - start, napped);
+  if (r == TCC_OK && st->spin_adapts) adapt_spin(st, tcc__now_ns() - start, napped);
   /* On a timeout the stage counter stays as is: the communicator is failed anyway. */
   if (r == TCC_ERR_TIMEOUT) return barrier_timeout(comm, st, what, seq, stage, err);
   return r;
