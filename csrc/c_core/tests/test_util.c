@@ -7,7 +7,6 @@
 #include <time.h>
 
 #include "check.h"
-#include "core/idle_wait.h"
 #include "core/internal.h"
 
 static void test_err_set(void) {
@@ -114,56 +113,11 @@ static void test_host_identity(void) {
   CHECK(strcmp(hostname, again_host) == 0 && strcmp(boot_id, again_boot) == 0, "unstable");
 }
 
-/* A flag another thread sets after `delay_ms`, bumping the futex word. */
-typedef struct later_flag {
-  atomic_int set;
-  atomic_uint word;
-  int delay_ms;
-} later_flag_t;
-
-static void *set_later(void *arg) {
-  later_flag_t *f = arg;
-  struct timespec ts = {0, (long)f->delay_ms * 1000000L};
-  nanosleep(&ts, NULL);
-  atomic_store(&f->set, 1);
-  atomic_fetch_add(&f->word, 1);
-  tcc__futex_wake_all(&f->word);
-  return NULL;
-}
-
-static bool flag_set(void *arg) { return atomic_load(&((later_flag_t *)arg)->set) != 0; }
-
-/* How a wait ended: whether it slept, and how long it took. */
-static bool wait_napped(int delay_ms, int64_t spin_ns, double *took_ms) {
-  later_flag_t f = {0, 0, delay_ms};
-  bool napped = true;
-  const tcc__idle_wait_t w = {.ready = flag_set, .arg = &f, .spin_ns = spin_ns, .max_nap_ns = 1000000000LL,
-                              .deadline_ns = tcc__now_ns() + 10000000000LL, .word = &f.word, .napped = &napped};
-  pthread_t t;
-  pthread_create(&t, NULL, set_later, &f);
-  const int64_t start = tcc__now_ns();
-  CHECK(tcc__idle_wait(&w) == TCC_OK, "idle wait");
-  *took_ms = (double)(tcc__now_ns() - start) / 1e6;
-  pthread_join(t, NULL);
-  return napped;
-}
-
-/* The timed spin: a wait that ends within it never sleeps, one that
- * outlasts it sleeps, and both end when the flag is set. */
-static void test_idle_wait_spin(void) {
-  double took;
-  CHECK(!wait_napped(5, 2000 * 1000000LL, &took), "a 5 ms wait slept although the spin lasts 2 s");
-  CHECK(took >= 4.5 && took < 1000, "the spinning wait took %.1f ms for a 5 ms delay", took);
-  CHECK(wait_napped(50, 1000000LL, &took), "a 50 ms wait did not sleep after a 1 ms spin");
-  CHECK(took >= 45 && took < 1000, "the sleeping wait took %.1f ms for a 50 ms delay", took);
-}
-
 int main(void) {
   test_err_set();
   test_clock();
   test_deadline();
   test_futex();
-  test_idle_wait_spin();
   test_random();
   test_host_identity();
   printf("test_util: %ld failures\n", check_failures);

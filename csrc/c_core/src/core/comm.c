@@ -140,11 +140,9 @@ fail:
   return tcc__fail_with(&err, err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM);
 }
 
-bool tcc__ranks_fit_cores(int ranks) { return ranks <= sysconf(_SC_NPROCESSORS_ONLN); }
-
 int tcc__spin_budget(int ranks) {
   /* Spinning only pays when every rank has a core to itself. */
-  return tcc__ranks_fit_cores(ranks) ? 300 : 16;
+  return ranks <= sysconf(_SC_NPROCESSORS_ONLN) ? 300 : 16;
 }
 
 int tcc_comm_rank(const tcc_comm_t *comm) { return comm->rank; }

@@ -7,8 +7,7 @@
  * yields (lets a peer that shares this core run), then sleeps on a futex
  * word in bounded naps (a wake-up lost to a race costs at most one nap).
  * How long each phase lasts is the caller's: a single place to tune how
- * waiting behaves when cores are shared. The spin is `spins` polls, then
- * polls for up to `spin_ns` more (0: none), with `check` now and then.
+ * waiting behaves when cores are shared.
  */
 #ifndef TCC_CORE_IDLE_WAIT_H
 #define TCC_CORE_IDLE_WAIT_H
@@ -24,13 +23,11 @@ typedef struct tcc__idle_wait {
   tcc_result_t (*check)(void *arg, int64_t now_ns);
   void *arg;
   int spins;          /* busy polls before the first yield */
-  int64_t spin_ns;    /* then busy polls for up to this long */
   int yields;         /* sched_yield rounds before the first nap */
   int64_t max_nap_ns; /* longest single sleep */
   int64_t deadline_ns;
   atomic_uint *word;     /* the futex the waker bumps and wakes */
   atomic_int *sleepers;  /* counted while asleep, so wakers wake only when needed; may be NULL */
-  bool *napped;          /* set when the wait slept at least once; may be NULL */
 } tcc__idle_wait_t;
 
 /* TCC_OK once ready; TCC_ERR_TIMEOUT once deadline_ns passed; else what

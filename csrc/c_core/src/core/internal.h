@@ -147,8 +147,6 @@ static inline int tcc__self_label(const tcc_comm_t *comm) { return tcc__rank_lab
 /* Busy polls a wait may spend before it yields, for a group of `ranks`
  * on this machine: many only when every rank has a core to itself. */
 int tcc__spin_budget(int ranks);
-/* Whether this machine has a core for each of `ranks` processes. */
-bool tcc__ranks_fit_cores(int ranks);
 
 /* core/view.c. A view of `size` of parent's ranks (members[r]: parent rank
  * of view rank r; this rank is view rank `rank`), named and timed like the

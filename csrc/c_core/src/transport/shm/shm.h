@@ -67,10 +67,6 @@ typedef struct shm_state {
   size_t bytes;
   shm_header_t *hdr;
   uint64_t stage; /* last barrier stage passed; identical on every rank */
-  /* Timed spin of the stage barrier, adapted to how waits end when every
-   * rank has a core of its own (spin_adapts; see shm_spans.c). */
-  bool spin_adapts;
-  int64_t spin_ns;
   size_t window;
   size_t small_bytes; /* reductions up to this size go one-shot */
   size_t direct_bytes; /* see tcc__spans_ops_t: SIZE_MAX when a peer cannot be read */
@@ -119,9 +115,6 @@ tcc_result_t tcc__shm_check_header(const shm_header_t *h, int n, size_t bytes, c
 /* shm_spans.c: the staging windows and the stage barrier, as the
  * collective algorithms see them (tcc__spans_ops_t). */
 extern const tcc__spans_ops_t tcc__shm_spans;
-
-/* shm_spans.c: the stage barrier's first spin, set once at setup. */
-void tcc__shm_spin_init(tcc_comm_t *comm, shm_state_t *st);
 
 /* shm_p2p.c: the point-to-point rings. */
 ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err);

@@ -212,7 +212,6 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   st->window = st->hdr->window;
   st->small_bytes = st->hdr->small_bytes;
   tcc__shm_cma_probe(comm, st);
-  tcc__shm_spin_init(comm, st);
   comm->transport_state = st;
   comm->ops = &shm_ops;
   return TCC_OK;

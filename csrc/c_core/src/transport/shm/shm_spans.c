@@ -70,30 +70,6 @@ static tcc_result_t arrival_trouble(void *arg, int64_t now_ns) {
   return TCC_OK;
 }
 
-/* When every rank has a core, spinning at a barrier costs only this
- * rank's own core, while a sleep costs a wake-up, which is slow when the
- * cores are shared with other processes (tens to hundreds of microseconds
- * in a VM; a rank that yields its core to a busy process may not get it
- * back for a whole time slice). So the spin adapts: it doubles when a wait
- * slept yet ended within SPIN_MAX_NS (a longer spin would have caught it),
- * and halves when a wait outlasts that (the peers were busy elsewhere; a
- * wake-up is then cheap next to the wait). With more ranks than cores a
- * spinning rank holds the core a late peer needs: short spin, yields, sleep. */
-#define SPIN_MIN_NS (20 * 1000LL)
-#define SPIN_MAX_NS (5 * 1000 * 1000LL)
-
-static void adapt_spin(shm_state_t *st, int64_t waited_ns, bool napped) {
-  if (waited_ns > SPIN_MAX_NS)
-    st->spin_ns = st->spin_ns / 2 > SPIN_MIN_NS ? st->spin_ns / 2 : SPIN_MIN_NS;
-  else if (napped)
-    st->spin_ns = st->spin_ns * 2 < SPIN_MAX_NS ? st->spin_ns * 2 : SPIN_MAX_NS;
-}
-
-void tcc__shm_spin_init(tcc_comm_t *comm, shm_state_t *st) {
-  st->spin_adapts = tcc__ranks_fit_cores(comm->size);
-  st->spin_ns = st->spin_adapts ? SPIN_MIN_NS : 0;
-}
-
 static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const char *what, uint64_t seq,
                                   tcc_err_t *err) {
   shm_state_t *st = shm_of(comm);
@@ -107,14 +83,11 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
     tcc__futex_wake_all(&h->barrier_futex);
   }
   arrival_t a = {comm, st, n, 0, stage, what, seq, err};
-  bool napped = false;
-  const int64_t start = st->spin_adapts ? tcc__now_ns() : 0;
   const tcc__idle_wait_t w = {.ready = all_arrived, .check = arrival_trouble, .arg = &a,
-                              .spins = comm->spin_iters, .spin_ns = st->spin_ns, .yields = st->spin_adapts ? 0 : 64,
-                              .max_nap_ns = 20 * 1000000LL, .deadline_ns = deadline_ns,
-                              .word = &h->barrier_futex, .sleepers = &h->barrier_sleepers, .napped = &napped};
+                              .spins = comm->spin_iters, .yields = 64, .max_nap_ns = 20 * 1000000LL,
+                              .deadline_ns = deadline_ns, .word = &h->barrier_futex,
+                              .sleepers = &h->barrier_sleepers};
   tcc_result_t r = tcc__idle_wait(&w);
-  if (r == TCC_OK && st->spin_adapts) adapt_spin(st, tcc__now_ns() - start, napped);
   /* On a timeout the stage counter stays as is: the communicator is failed anyway. */
   if (r == TCC_ERR_TIMEOUT) return barrier_timeout(comm, st, what, seq, stage, err);
   return r;
