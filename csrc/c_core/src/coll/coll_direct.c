@@ -99,39 +99,26 @@ static size_t writer_share(const tcc_coll_t *c, int n, size_t len) {
   return share / 4096 * 4096; /* whole pages each side */
 }
 
-/* Bytes [off, off + len) of rank j's stream into `local`, piece by piece. */
-static tcc_result_t read_stream(tcc_comm_t *comm, int j, const direct_block_t *b, size_t off, size_t len, char *local,
-                                const char *what, uint64_t seq, tcc_err_t *err) {
-  size_t base = 0;
+/* Moves bytes [off, off + len) of the stream that block b lists, piece by
+ * piece, between those pieces and the contiguous range at `other`: from
+ * peer j's pieces into this rank's memory at `other` (b is j's block), or
+ * from this rank's own pieces to peer j's memory at `other` (b is this
+ * rank's block). */
+static tcc_result_t move_range(tcc_comm_t *comm, int j, const direct_block_t *b, size_t off, size_t len,
+                               uint64_t other, bool write, const char *what, uint64_t seq, tcc_err_t *err) {
+  const tcc__spans_ops_t *sp = comm->ops->spans;
   const uint32_t np = b->npieces < (uint32_t)comm->size ? b->npieces : (uint32_t)comm->size;
+  size_t base = 0;
   for (uint32_t i = 0; i < np && len > 0; i++) {
     const size_t end = base + b->pieces[i].len;
     if (off < end) {
       const size_t in_piece = off - base;
       const size_t k = len < b->pieces[i].len - in_piece ? len : b->pieces[i].len - in_piece;
-      tcc_result_t r = comm->ops->spans->peer_read(comm, j, local, b->pieces[i].addr + in_piece, k, what, seq, err);
+      const uint64_t at = b->pieces[i].addr + in_piece;
+      tcc_result_t r = write ? sp->peer_write(comm, j, (const void *)(uintptr_t)at, other, k, what, seq, err)
+                             : sp->peer_read(comm, j, (void *)(uintptr_t)other, at, k, what, seq, err);
       if (r != TCC_OK) return r;
-      local += k;
-      off += k;
-      len -= k;
-    }
-    base = end;
-  }
-  return TCC_OK;
-}
-
-/* Bytes [off, off + len) of this rank's stream to address `remote` of rank r. */
-static tcc_result_t write_stream(tcc_comm_t *comm, int r, const coll_piece_t *pieces, int np, size_t off, size_t len,
-                                 uint64_t remote, const char *what, uint64_t seq, tcc_err_t *err) {
-  size_t base = 0;
-  for (int i = 0; i < np && len > 0; i++) {
-    const size_t end = base + pieces[i].len;
-    if (off < end) {
-      const size_t in_piece = off - base;
-      const size_t k = len < pieces[i].len - in_piece ? len : pieces[i].len - in_piece;
-      tcc_result_t res = comm->ops->spans->peer_write(comm, r, pieces[i].ptr + in_piece, remote, k, what, seq, err);
-      if (res != TCC_OK) return res;
-      remote += k;
+      other += k;
       off += k;
       len -= k;
     }
@@ -141,25 +128,27 @@ static tcc_result_t write_stream(tcc_comm_t *comm, int r, const coll_piece_t *pi
 }
 
 tcc_result_t tcc__direct_move(tcc_comm_t *comm, const tcc_coll_t *c, const void *const *descs,
-                              const coll_piece_t *pieces, int np, const coll_read_t *reads,
-                              const coll_read_t *writes, uint64_t seq, int64_t deadline, tcc_err_t *err) {
+                              const coll_read_t *reads, const coll_read_t *writes, uint64_t seq, int64_t deadline,
+                              tcc_err_t *err) {
   const int n = comm->size, me = comm->rank;
   const char *what = tcc__coll_name(c->kind);
+  direct_block_t *mine = block_in((char *)descs[me], n);
   for (int k = 1; k < n; k++) {
     /* Each rank starts with its next peer, so the copies spread over the peers. */
     const int j = (me + k) % n;
+    direct_block_t *theirs = block_in((char *)descs[j], n);
     const coll_read_t *rd = &reads[j];
     if (rd->len > 0) {
       const size_t head = rd->len - writer_share(c, n, rd->len);
-      tcc_result_t r = read_stream(comm, j, block_in((char *)descs[j], n), rd->off, head, rd->dst, what, seq, err);
+      tcc_result_t r = move_range(comm, j, theirs, rd->off, head, (uint64_t)(uintptr_t)rd->dst, false, what, seq, err);
       if (r != TCC_OK) return r;
     }
     const coll_read_t *wr = &writes[j];
     const size_t tail = writer_share(c, n, wr->len);
     if (tail > 0) {
-      const uint64_t dest = dests_of(block_in((char *)descs[j], n), n)[me];
       const size_t head = wr->len - tail;
-      tcc_result_t r = write_stream(comm, j, pieces, np, wr->off + head, tail, dest + head, what, seq, err);
+      const uint64_t dest = dests_of(theirs, n)[me] + head;
+      tcc_result_t r = move_range(comm, j, mine, wr->off + head, tail, dest, true, what, seq, err);
       if (r != TCC_OK) return r;
     }
   }

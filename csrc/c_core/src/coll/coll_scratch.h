@@ -57,12 +57,12 @@ typedef enum {
 tcc__direct_plan_t tcc__direct_choose(tcc_comm_t *comm, const void *const *descs, size_t longest);
 /* Moves the op's data single-copy: reads[j] is what this rank reads from
  * peer j's stream, writes[r] what peer r reads from this rank's (whose
- * pieces are pieces[0..np)); where one side of a rooted op would idle, it
- * moves a share of the bytes itself. Then waits at one more stage barrier,
- * so every buffer outlives the copies into and out of it. */
+ * pieces this rank's own block lists); where one side of a rooted op would
+ * idle, it moves a share of the bytes itself. Then waits at one more stage
+ * barrier, so every buffer outlives the copies into and out of it. */
 tcc_result_t tcc__direct_move(tcc_comm_t *comm, const tcc_coll_t *c, const void *const *descs,
-                              const coll_piece_t *pieces, int np, const coll_read_t *reads,
-                              const coll_read_t *writes, uint64_t seq, int64_t deadline, tcc_err_t *err);
+                              const coll_read_t *reads, const coll_read_t *writes, uint64_t seq, int64_t deadline,
+                              tcc_err_t *err);
 /* For the op log: whether this rank expects single-copy movement for c
  * (the group may still fall back: it learns the peers' verdicts in the op). */
 bool tcc__direct_expected(tcc_comm_t *comm, const tcc_coll_t *c);

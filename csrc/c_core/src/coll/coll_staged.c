@@ -193,8 +193,7 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
   if (plan == TCC__DIRECT_READS) {
     /* What every peer reads from this rank: a share of it this rank writes. */
     for (int r = 0; r < n; r++) plan_read(comm, st, c, es, r, me, &st->sc->writes[r]);
-    return tcc__direct_move(comm, c, st->sc->descs, st->sc->pieces, np, st->sc->reads, st->sc->writes, seq,
-                            deadline, err);
+    return tcc__direct_move(comm, c, st->sc->descs, st->sc->reads, st->sc->writes, seq, deadline, err);
   }
 
   for (size_t lo = 0; lo < longest; lo += W) {
