@@ -37,7 +37,7 @@ def c_all_reduce(ctx, dtype, redop, n, async_op=False):
     work = dist.all_reduce(t, op=op, async_op=async_op)
     if async_op:
         work.wait()
-    ctx.check_reduction(t, xs, dtype, redop, f"all_reduce {redop}")
+    ctx.check_allreduce(t, xs, dtype, redop, f"all_reduce {redop}")
     ctx.digest(t)
 
 

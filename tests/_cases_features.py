@@ -440,8 +440,9 @@ def c_meta(ctx):
 
 
 def c_transport_in_use(ctx):
-    """Shared memory is used by default on one host; TCCOMM_TRANSPORT=tcp
-    must really avoid it (seen from this process's memory mappings)."""
+    """Shared memory is used by default on one host, and within each host of
+    a group that spans hosts; TCCOMM_TRANSPORT=tcp must really avoid it, as
+    must a rank alone on its host (seen from this process's memory mappings)."""
     if not ctx.strict:
         raise Skip("checks tccomm's transport choice; not applicable to "
                    f"{ctx.backend}")
@@ -452,6 +453,13 @@ def c_transport_in_use(ctx):
         assert maps, ("TCCOMM_TRANSPORT is unset on a single host, but this process "
                       "maps no shared memory (/dev/shm or memfd): the shm transport "
                       "is not in use")
+    elif ctx.transport == "hybrid":
+        neighbours = ctx.hosts.count(ctx.hosts[ctx.rank]) - 1
+        if neighbours:
+            assert maps, (f"this rank shares its host with {neighbours} other rank(s), but "
+                          "maps no shared memory: the hybrid transport does not use shm there")
+        else:
+            assert not maps, f"this rank is alone on its host, but shared memory is mapped: {maps}"
     else:
         assert not maps, f"TCCOMM_TRANSPORT=tcp, but shared memory is mapped: {maps}"
 

@@ -19,6 +19,10 @@ from _reference import (FLOATS, compare, make_input, mismatch_report, reduction_
                         same_value, tolerance_mismatch)
 from _registry import Skip
 
+# Allreduces of this many bytes and more go by hosts on a group that spans
+# hosts (HIER_MIN_BYTES in csrc/c_core/src/coll/coll_hier.c).
+HIER_MIN_BYTES = 64 << 10
+
 
 class Ctx:
     def __init__(self, cfg: dict, rank: int, store, baseline: dict):
@@ -28,6 +32,7 @@ class Ctx:
         self.backend = cfg["backend"]
         self.strict = self.backend == "tccomm"  # message checks and exact floats
         self.transport = cfg["transport"]
+        self.hosts = cfg.get("hosts") or []  # simulated host of each global rank ("hybrid")
         self.store = store           # the harness store: independent of the backend
         self.baseline = baseline     # resources measured before init_process_group
         self.case = ""
@@ -92,12 +97,42 @@ class Ctx:
                                  f"{mismatch_report(actual, ref, ~ok)}")
 
     def check_reduction(self, actual, xs: list[torch.Tensor], dtype: str, redop: str,
-                        what: str) -> None:
-        """`actual` is the reduction of the inputs `xs` (in rank order): exact
-        where exact_for says so, else within reduction_bound."""
+                        what: str, blocks: list[list[int]] | None = None) -> None:
+        """`actual` is the reduction of the inputs `xs` (in rank order, or
+        block by block: see ref_reduce): exact where exact_for says so, else
+        within reduction_bound."""
         exact = self.exact_for(dtype, redop)
         bound = None if exact else reduction_bound(xs, dtype, redop)
-        self.compare(actual, ref_reduce(xs, dtype, redop), what, exact, bound=bound)
+        self.compare(actual, ref_reduce(xs, dtype, redop, blocks=blocks), what, exact, bound=bound)
+
+    def check_allreduce(self, actual, xs: list[torch.Tensor], dtype: str, redop: str,
+                        what: str, group=None) -> None:
+        """check_reduction for an all_reduce on `group`, in the order tccomm
+        reduces it there (allreduce_blocks)."""
+        blocks = self.allreduce_blocks(xs[0].numel(), dtype, redop, group)
+        self.check_reduction(actual, xs, dtype, redop, what, blocks)
+
+    def allreduce_blocks(self, count: int, dtype: str, redop: str, group=None):
+        """The order in which tccomm reduces an all_reduce of `count` elements
+        on `group`: None for rank order, else the group ranks of each host,
+        hosts in the order of their lowest rank (README: "Groups that span
+        hosts"). Hierarchical when the group has ranks on several hosts and
+        some host has several, from HIER_MIN_BYTES, except for float16,
+        bfloat16 and AVG (csrc/c_core/src/coll/coll_hier.c)."""
+        if not self.strict or not self.hosts:
+            return None
+        if dtype in ("float16", "bfloat16") or redop == "AVG":
+            return None
+        if count * torch.empty((), dtype=getattr(torch, dtype)).element_size() < HIER_MIN_BYTES:
+            return None
+        ranks = dist.get_process_group_ranks(group) if group is not None else range(self.world)
+        by_host: dict[int, list[int]] = {}
+        for i, g in enumerate(ranks):
+            by_host.setdefault(self.hosts[g], []).append(i)
+        blocks = sorted(by_host.values())
+        if len(blocks) < 2 or len(blocks) == len(ranks):
+            return None  # one host (shm) or one rank per host (tcp): flat
+        return blocks
 
     def expect_error(self, fn: Callable, op_re: str, cause_re: str | None,
                      what: str, group=None) -> str:

@@ -144,6 +144,7 @@ class Runner:
             "store_port": self.store().port,
             "store_prefix": f"{spec.name}/attempt{attempt}",
             "reinit_port": reinit_port, "reinit_port2": reinit_port2,
+            "hosts": list(spec.hosts),
         }
         cfg_path = os.path.join(d, "config.json")
         with open(cfg_path, "w") as f:
@@ -160,6 +161,8 @@ class Runner:
             else:
                 e.pop("TCCOMM_TRANSPORT", None)
             e.update(spec.env)
+            if spec.hosts:
+                e["TCCOMM_HOSTID"] = f"simhost{spec.hosts[rank]}"
             return e
 
         group = _group.spawn(d, spec.world, lambda rank: [WORKER, cfg_path, str(rank)], env)

@@ -58,47 +58,74 @@ def input_kind(redop: str) -> str:
     return {"PRODUCT": "product", "AVG": "avg"}.get(redop, "any")
 
 
+def _fold(ys: list, combine, blocks, copy) -> object:
+    """Combines ys in the order `blocks` gives: each block's members in
+    their order, then the blocks' partial results in block order (None: one
+    block, 0..n-1). The result is a new array (`copy` makes one)."""
+    if blocks is None:
+        blocks = [range(len(ys))]
+    partials = []
+    for block in blocks:
+        acc = copy(ys[block[0]])
+        for q in block[1:]:
+            acc = combine(acc, ys[q])
+        partials.append(acc)
+    acc = partials[0]
+    for p in partials[1:]:
+        acc = combine(acc, p)
+    return acc
+
+
+def _combine_bool(redop: str):
+    if redop in ("SUM", "MAX", "BOR"):
+        return lambda a, b: a | b
+    if redop in ("PRODUCT", "MIN", "BAND"):
+        return lambda a, b: a & b
+    if redop == "BXOR":
+        return lambda a, b: a ^ b
+    raise ValueError(redop)
+
+
+def _combine_int(redop: str):  # numpy int64 arrays wrap modulo 2**64
+    ops = {"SUM": np.add, "AVG": np.add, "PRODUCT": np.multiply, "MIN": np.minimum,
+           "MAX": np.maximum, "BAND": np.bitwise_and, "BOR": np.bitwise_or,
+           "BXOR": np.bitwise_xor}
+    if redop not in ops:
+        raise ValueError(redop)
+    return ops[redop]
+
+
+def _combine_float(redop: str):
+    if redop in ("SUM", "AVG", "PREMUL_SUM"):
+        return lambda a, b: a + b
+    if redop == "PRODUCT":
+        return lambda a, b: a * b
+    if redop in ("MIN", "MAX"):
+        # A NaN wins from wherever it comes; on a tie (+0 vs -0) the first
+        # operand (the lower ranks' value) stays. (torch.minimum/maximum also
+        # propagate NaN but return the second operand on a +0/-0 tie.)
+        def pick(a, b):
+            better = b < a if redop == "MIN" else b > a
+            return torch.where(better | torch.isnan(b), b, a)
+        return pick
+    raise ValueError(redop)
+
+
 def ref_reduce(xs: list[torch.Tensor], dtype: str, redop: str,
-               accumulate: str | None = None) -> torch.Tensor:
+               accumulate: str | None = None, blocks: list[list[int]] | None = None) -> torch.Tensor:
     """Reduce xs in rank order 0..n-1 the way tccomm specifies it (floats:
     PREMUL_SUM's factor applied to each input, sums in rank order, AVG's
     division in the accumulation type, one rounding to `dtype` at the end).
     `accumulate` overrides the accumulation type of float16/bfloat16 (to
-    model a backend that rounds every step)."""
+    model a backend that rounds every step). `blocks` (positions in xs)
+    reduces block by block instead, then the blocks' results in block order:
+    the order of a hierarchical reduction (each host's ranks, then hosts)."""
     n = len(xs)
     dt = tdtype(dtype)
     if dtype == "bool":
-        acc = xs[0].clone()
-        for x in xs[1:]:
-            if redop in ("SUM", "MAX", "BOR"):
-                acc = acc | x
-            elif redop in ("PRODUCT", "MIN", "BAND"):
-                acc = acc & x
-            elif redop == "BXOR":
-                acc = acc ^ x
-            else:
-                raise ValueError(redop)
-        return acc
+        return _fold(xs, _combine_bool(redop), blocks, torch.clone)
     if dtype in INTS:
-        arrs = [x.to(torch.int64).numpy() for x in xs]
-        acc = arrs[0].copy()
-        for a in arrs[1:]:  # numpy int64 arrays wrap modulo 2**64
-            if redop in ("SUM", "AVG"):
-                acc = acc + a
-            elif redop == "PRODUCT":
-                acc = acc * a
-            elif redop == "MIN":
-                acc = np.minimum(acc, a)
-            elif redop == "MAX":
-                acc = np.maximum(acc, a)
-            elif redop == "BAND":
-                acc = acc & a
-            elif redop == "BOR":
-                acc = acc | a
-            elif redop == "BXOR":
-                acc = acc ^ a
-            else:
-                raise ValueError(redop)
+        acc = _fold([x.to(torch.int64).numpy() for x in xs], _combine_int(redop), blocks, np.copy)
         acc = _wrap(acc, dtype)
         if redop == "AVG":  # the wrapped sum, C division: truncate toward zero
             q = acc // n
@@ -111,20 +138,7 @@ def ref_reduce(xs: list[torch.Tensor], dtype: str, redop: str,
     if redop == "PREMUL_SUM":
         f = torch.tensor(PREMUL_FACTOR, dtype=acc_dt)
         ys = [y * f for y in ys]
-    acc = ys[0].clone()
-    for y in ys[1:]:
-        if redop in ("SUM", "AVG", "PREMUL_SUM"):
-            acc = acc + y
-        elif redop == "PRODUCT":
-            acc = acc * y
-        elif redop in ("MIN", "MAX"):
-            # A NaN wins from wherever it comes; on a tie (+0 vs -0) the lower
-            # rank's value stays. (torch.minimum/maximum also propagate NaN but
-            # return the second operand on a +0/-0 tie.)
-            better = y < acc if redop == "MIN" else y > acc
-            acc = torch.where(better | torch.isnan(y), y, acc)
-        else:
-            raise ValueError(redop)
+    acc = _fold(ys, _combine_float(redop), blocks, torch.clone)
     if redop == "AVG":
         acc = acc / n
     return acc.to(dt)

@@ -62,11 +62,13 @@ def add(name, suite, fn, worlds=None, specs=None, gloo_skip=None, order=0, hang_
 class Spec:
     name: str
     world: int
-    transport: str  # "shm" (default: TCCOMM_TRANSPORT unset) or "tcp" (forced)
+    transport: str  # "shm" (default: TCCOMM_TRANSPORT unset), "tcp" (forced) or
+                    # "hybrid" (TCCOMM_TRANSPORT unset, ranks on simulated hosts)
     init: str       # "env", "tcp" or "file"
     kind: str = "main"
     pg_timeout: float = 30.0
     env: tuple = ()  # (name, value) pairs set in every rank's environment
+    hosts: tuple = ()  # the simulated host of each rank (TCCOMM_HOSTID), for "hybrid"
 
 
 SPECS = [
@@ -78,6 +80,12 @@ SPECS = [
     Spec("w3-tcp-env", 3, "tcp", "env"),
     Spec("w4-shm-tcpinit", 4, "shm", "tcp"),
     Spec("w4-tcp-file", 4, "tcp", "file"),
+    # Groups that span hosts, simulated on this one (TCCOMM_HOSTID): shared
+    # memory within a host, TCP between, the hierarchical algorithms. Two
+    # hosts of 2 ranks each (reduce-scatter by shards), and an uneven,
+    # interleaved pair of hosts, ranks {0, 2} and {1} (reduce to leaders).
+    Spec("w4-hybrid-env", 4, "hybrid", "env", hosts=(0, 0, 1, 1)),
+    Spec("w3-hybrid-tcpinit", 3, "hybrid", "tcp", hosts=(0, 1, 0)),
     # Groups whose only purpose is a peer that never arrives (unusable afterwards).
     Spec("w3-shm-env-timeout", 3, "shm", "env", kind="timeout", pg_timeout=2.0),
     Spec("w2-tcp-env-timeout", 2, "tcp", "env", kind="timeout", pg_timeout=2.0),
