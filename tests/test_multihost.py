@@ -225,6 +225,12 @@ def test_groups_within_and_across_hosts(jobs, layout, scenario):
             assert set(groups) == {"inter", "intra"}
 
 
+# What a rank's error says about the rank it lost: its connection ended
+# (TCP), it exited or failed (shared memory).
+LEFT_RE = re.compile(r"connection to rank (\d+) (?:closed|was reset)"
+                     r"|rank (\d+) (?:exited|failed and will not take part|destroyed its communicator)")
+
+
 def test_dead_host_fails_the_others_at_once(tmp_path):
     """3 hosts x 2 ranks: after a first all_reduce, host 2's processes
     (torchrun and both ranks) are SIGKILLed at once while the others wait
@@ -251,12 +257,25 @@ def test_dead_host_fails_the_others_at_once(tmp_path):
             job.stop()
     passed_on = [r for r in survivors if job.find(r, "result")["status"] == "pass"]
     assert passed_on == survivors, "\n".join(job.find(r, "result")["msg"] for r in survivors) + job.outputs()
+    culprit = {}  # survivor -> the rank its error says it lost
     for r in survivors:
         f = job.find(r, "failed")
         took = f["t"] - t_kill
         assert took < 2.0, f"rank {r} failed {took:.2f} s after the kill (group timeout {pg_timeout} s): {f}"
         assert f["type"] in ("DistBackendError", "RuntimeError"), f
         msg = f["msg"]
-        assert re.search(r"\ballreduce\b", msg) and "'tccomm:0'" in msg and f"rank {r}:" in msg, msg
-        gone = re.search(r"rank (\d+) is gone", msg)
-        assert gone and int(gone.group(1)) in dead, f"rank {r}'s error names no rank of host {victim}: {msg}"
+        assert (re.search(r"\ballreduce\b", msg) and "'tccomm:0'" in msg
+                and re.search(rf"\(rank {r}\)|rank {r}:", msg)), msg
+        left = LEFT_RE.search(msg)
+        assert left, f"rank {r}'s error names no rank that left: {msg}"
+        culprit[r] = int(next(g for g in left.groups() if g is not None))
+    # A survivor may have learnt it from another survivor that failed
+    # first (which ends its connections to say so): that one's error must
+    # lead on to a rank of the dead host.
+    for r in survivors:
+        chain = [r, culprit[r]]
+        while chain[-1] not in dead:
+            q = chain[-1]
+            assert q in culprit and q not in chain[:-1], \
+                f"rank {r}'s error leads to {chain}, not to a rank of host {victim}"
+            chain.append(culprit[q])

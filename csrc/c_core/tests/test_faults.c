@@ -7,7 +7,9 @@
  *   - destroy and abort from another thread release a thread blocked in
  *     tcc_op_wait (even one running the queue) within a second, and op
  *     handles stay usable after destroy;
- *   - a bounded wait returns after its bound and the op still completes.
+ *   - a bounded wait returns after its bound and the op still completes;
+ *   - a peer whose communicator fails while its process lives on tells
+ *     the ranks waiting on it, which fail within a second.
  *
  * Usage: test_faults [shm|tcp]   (default: both)
  */
@@ -75,6 +77,32 @@ static void peer_exits(tcc_comm_t *comm, int forked) {
 }
 
 static void peer_exits_plain(tcc_comm_t *comm) { peer_exits(comm, 0); }
+
+/* Rank 1's communicator fails (it aborts) while its process lives on; rank
+ * 0's allreduce waits on it and must fail within a second (the group
+ * timeout is 30 s), naming it: over shared memory with the cause rank 1
+ * published, over TCP by the connections rank 1 ended. */
+static void peer_fails_alive(tcc_comm_t *comm) {
+  float x[1000];
+  char msg[512];
+  for (int i = 0; i < 1000; i++) x[i] = 1;
+  CHECK(allreduce_wait(comm, x, 1000, msg, sizeof msg) == TCC_OK, "first allreduce: %s", msg);
+  if (tcc_comm_rank(comm) == 1) {
+    tcc_comm_abort(comm);
+    sleep(2); /* alive, its communicator failed: no exit, no destroy to see */
+    return;
+  }
+  const int shm = strcmp(tcc_comm_transport_name(comm), "shm") == 0;
+  double t0 = now_s();
+  tcc_result_t r = allreduce_wait(comm, x, 1000, msg, sizeof msg);
+  double dt = now_s() - t0;
+  CHECK(r == TCC_ERR_REMOTE, "allreduce after rank 1 failed gave %s: %s", tcc_result_string(r), msg);
+  CHECK(dt < within_s(1.0), "the failure of rank 1 was noticed after %.2f s", dt);
+  CHECK(strstr(msg, "allreduce") && strstr(msg, "faults-group") &&
+            strstr(msg, shm ? "rank 1 failed" : "connection to rank 1") &&
+            (!shm || strstr(msg, "was aborted on rank 1")),
+        "message: %s", msg);
+}
 static void peer_exits_after_fork(tcc_comm_t *comm) { peer_exits(comm, 1); }
 
 typedef struct waiter {
@@ -196,6 +224,7 @@ int main(int argc, char **argv) {
       {"destroy from another thread", destroy_from_other_thread},
       {"abort from another thread", abort_from_other_thread},
       {"bounded wait", bounded_wait},
+      {"peer fails, its process lives on", peer_fails_alive},
       {"corrupt p2p stream", corrupt_p2p_stream},
   };
   alarm(300); /* a hang fails the test instead of blocking CI */

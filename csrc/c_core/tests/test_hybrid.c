@@ -292,6 +292,76 @@ static void dead_rank_test(tcc_comm_t *comm) {
   free(buf);
 }
 
+/* ---- a rank that dies in the middle of a hierarchical op ----------------- */
+
+/* When in the op the last rank dies: a fraction of the op's own duration,
+ * so the trials land in different phases (host reduce-scatter, the hosts'
+ * allreduce, host all-gather) whatever this machine's speed. */
+static double death_at;
+
+static double seconds_since(const struct timespec *t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+static void *die_later(void *arg) {
+  usleep((useconds_t)(*(double *)arg * 1e6));
+  _exit(0); /* mid-op, without a word: what a crash leaves */
+}
+
+/* Each survivor's op ends within a few seconds of the death (the group
+ * timeout is 30 s): with the right sum if everything it needed had
+ * arrived, else failing with a peer named. Whatever phase each rank was
+ * in, a rank waiting on one whose communicator failed learns it from that
+ * rank (its host's segment, or the end of its TCP connections), not from
+ * its own timeout: the failed ranks stay alive, without destroying. The
+ * next op then fails at once everywhere. */
+static void midop_death_test(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const size_t count = 1u << 22; /* 16 MiB: phases long enough to land in */
+  float *buf = malloc(count * sizeof *buf);
+  for (size_t i = 0; i < count; i++) buf[i] = 1;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  CHECK(RUN(tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(buf, count, TCC_FLOAT32), TCC_SUM,
+                          NULL, &op)) == TCC_OK, "%s: the timing op failed", spec);
+  double delay = death_at * seconds_since(&t0);
+  pthread_t killer;
+  if (me == n - 1) pthread_create(&killer, NULL, die_later, &delay);
+  for (size_t i = 0; i < count; i++) buf[i] = 1;
+  char msg[TCC_ERRLEN] = "";
+  struct timespec op_start;
+  clock_gettime(CLOCK_MONOTONIC, &op_start);
+  t0 = op_start;
+  tcc_op_t *op = NULL;
+  tcc_result_t r = tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(buf, count, TCC_FLOAT32),
+                                 TCC_SUM, NULL, &op);
+  r = finish(r, op, msg, sizeof msg);
+  double took = seconds_since(&t0);
+  if (me == n - 1) pause(); /* it outlived the op: wait for the end */
+  const double bound = delay + (getenv("TCC_TEST_SLOW") ? 10.0 : 3.0);
+  CHECK(took < bound, "%s, death at %.0f%%: rank %d's op ended %.2f s after it began (%.2f s allowed): %s", spec,
+        death_at * 100, me, took, bound, msg);
+  if (r == TCC_OK) {
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++) bad += buf[i] != (float)n;
+    CHECK(bad == 0, "%s: the op succeeded on rank %d with %zu wrong elements", spec, me, bad);
+  } else {
+    CHECK((r == TCC_ERR_REMOTE || r == TCC_ERR_ABORTED) && strstr(msg, "midop-group") && strstr(msg, "allreduce"),
+          "%s, death at %.0f%%: rank %d got %s: %s", spec, death_at * 100, me, tcc_result_string(r), msg);
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  r = RUN(tcc_allreduce(comm, host_buf(buf, 1, TCC_FLOAT32), host_buf(buf, 1, TCC_FLOAT32), TCC_SUM, NULL, &op));
+  took = seconds_since(&t0);
+  CHECK(r != TCC_OK && took < bound, "%s: rank %d's next op gave %s after %.2f s", spec, me, tcc_result_string(r),
+        took);
+  free(buf);
+  /* Alive, its communicator failed, until every survivor's bound passed:
+   * a destroy would end its connections and tell the others anyway. */
+  while (seconds_since(&op_start) < bound + 0.5) usleep(20000);
+}
+
 int main(void) {
   alarm(600); /* a hang fails the test instead of blocking CI */
   unsetenv("TCCOMM_TRANSPORT");
@@ -315,6 +385,16 @@ int main(void) {
     int bad = run_group(4, spec, 30000, "dead-group", dead_rank_test);
     printf("%s %s dead rank\n", bad ? "FAIL" : "ok  ", spec);
     bad ? failed++ : passed++;
+  }
+  const double death_points[] = {0.1, 0.35, 0.6, 0.85};
+  for (int d = 0; d < 2; d++) {
+    spec = dead_specs[d];
+    for (size_t k = 0; k < sizeof death_points / sizeof *death_points; k++) {
+      death_at = death_points[k];
+      int bad = run_group(4, spec, 30000, "midop-group", midop_death_test);
+      printf("%s %s rank dies %.0f%% into an op\n", bad ? "FAIL" : "ok  ", spec, death_at * 100);
+      bad ? failed++ : passed++;
+    }
   }
   printf("test_hybrid: %d groups passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

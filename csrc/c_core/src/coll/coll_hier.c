@@ -172,5 +172,9 @@ tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t 
   /* The descriptors agreed, so a phase cannot disagree; whatever failed in
    * one left the ranks out of step: the group must fail. */
   if (r == TCC_ERR_MISMATCH || r == TCC_ERR_INVALID || r == TCC_ERR_UNSUPPORTED) r = TCC_ERR_REMOTE;
+  /* The phase's message names the phase's op; the caller knows its own. */
+  if (r != TCC_OK)
+    tcc__err_prefix(err, r, "tccomm %s #%llu on '%s' (rank %d), in a hierarchical phase: ", tcc__coll_name(c->kind),
+                    (unsigned long long)seq, comm->name, comm->rank);
   return r;
 }

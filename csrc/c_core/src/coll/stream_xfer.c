@@ -159,11 +159,12 @@ static tcc_result_t peer_failed(const stream_xfer_t *x, int peer, const char *ho
                                 int errnum, tcc_err_t *err) {
   char pre[160];
   tcc__stream_xfer_prefix(x, pre, sizeof(pre));
-  /* A reset or an end of stream is how a peer's death shows over TCP. */
+  /* A reset or an end of stream is how a peer's death shows over TCP, and
+   * how a peer whose communicator failed tells the ranks waiting on it. */
   if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
     return tcc__err_set(err, TCC_ERR_REMOTE,
-                       "%s: rank %d is gone: its connection %s during %s (the process exited, "
-                       "or destroyed its communicator)", pre, tcc__rank_label(x->comm, peer),
+                       "%s: the connection to rank %d %s during %s (its process exited, or its "
+                       "communicator failed or was destroyed)", pre, tcc__rank_label(x->comm, peer),
                        errnum ? "was reset" : "closed", x->phase);
   return tcc__err_set(err, TCC_ERR_REMOTE, "%s: %s rank %d failed during %s: %s", pre,
                      how, tcc__rank_label(x->comm, peer), x->phase, strerror(errnum));
@@ -288,6 +289,12 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
         return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: the stream to rank %d is closed", comm->ops->name,
                            sc->poll_peers[i]);
       tcc_result_t r = pump(x, sc->poll_peers[i], rev, &moved, err);
+      /* A failed communicator ends its own connections to tell its peers
+       * (transport `failed`): then its failure, not the stream's end, is why. */
+      if (r != TCC_OK && atomic_load(&comm->aborted)) {
+        if (err) err->code = TCC_OK; /* replaced, not kept as the first failure */
+        return fail_aborted(x, err);
+      }
       if (r != TCC_OK) return r;
     }
   }

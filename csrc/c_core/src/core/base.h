@@ -37,6 +37,12 @@ tcc_result_t tcc__fail_with(const tcc_err_t *err, tcc_result_t code);
  * set) and returns code. */
 tcc_result_t tcc__err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Puts a printf-style prefix in front of err's message (set to `code`
+ * first when it has none), for a caller that knows more about what failed
+ * than the callee that wrote it; the message's end is cut when it must.
+ * Returns code. */
+tcc_result_t tcc__err_prefix(tcc_err_t *err, tcc_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- time and waiting ------------------------------------------------ */
 

@@ -17,8 +17,8 @@
 /* ---- failure state ---------------------------------------------------- */
 
 /* Records the communicator's first failure and wakes every thread; 1 when
- * this call was the first. */
-static int record_failure(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
+ * this call was the first. `announce`: the transport tells the peers. */
+static int record_failure(tcc_comm_t *comm, tcc_result_t code, const char *msg, bool announce) {
   pthread_mutex_lock(&comm->fail_lock);
   int first = !atomic_load(&comm->aborted);
   if (first) {
@@ -30,7 +30,7 @@ static int record_failure(tcc_comm_t *comm, tcc_result_t code, const char *msg) 
   if (first) {
     /* The transport first: a thread waiting inside one of its views is
      * then released by the wakes below. */
-    if (comm->ops && comm->ops->failed) comm->ops->failed(comm);
+    if (comm->ops && comm->ops->failed) comm->ops->failed(comm, announce);
     tcc__host_executor.wake(comm);
     tcc__device_executor.wake(comm); /* aborts what cannot end otherwise */
   }
@@ -39,7 +39,7 @@ static int record_failure(tcc_comm_t *comm, tcc_result_t code, const char *msg) 
 
 void tcc__comm_fail(tcc_comm_t *comm, tcc_result_t code, const char *msg) {
   /* Only the first failure: the ones after it are its consequences. */
-  if (record_failure(comm, code, msg))
+  if (record_failure(comm, code, msg, true))
     TCC_LOG_WARN(comm->rank, "communicator '%s' failed (%s): %s", comm->name, tcc_result_string(code),
                  msg ? msg : tcc_result_string(code));
 }
@@ -181,7 +181,7 @@ void tcc_comm_destroy(tcc_comm_t *comm) {
   snprintf(msg, sizeof msg, "communicator '%s' was destroyed on rank %d while the op was pending",
            comm->name, comm->rank);
   /* Not a failure (no warning): the owner is done with the communicator. */
-  record_failure(comm, TCC_ERR_ABORTED, msg);
+  record_failure(comm, TCC_ERR_ABORTED, msg, false);
   TCC_LOG_INFO(comm->rank, "communicator '%s' destroyed: rank %d of %d, %llu collectives issued", comm->name,
                comm->rank, comm->size, (unsigned long long)atomic_load(&comm->coll_issued));
   /* The device first: its watchdog may still fail ops that reach the host side. */

@@ -154,6 +154,23 @@ tcc_result_t tcc__err_set(tcc_err_t *err, tcc_result_t code, const char *fmt, ..
   return code;
 }
 
+tcc_result_t tcc__err_prefix(tcc_err_t *err, tcc_result_t code, const char *fmt, ...) {
+  if (err == NULL || code == TCC_OK) return code;
+  char rest[sizeof err->msg];
+  memcpy(rest, err->code != TCC_OK ? err->msg : tcc_result_string(code), sizeof rest);
+  rest[sizeof rest - 1] = '\0';
+  va_list ap;
+  va_start(ap, fmt);
+  int k = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  va_end(ap);
+  size_t at = k < 0 ? 0 : (size_t)k < sizeof err->msg ? (size_t)k : sizeof err->msg - 1;
+  size_t len = strnlen(rest, sizeof err->msg - 1 - at);
+  memcpy(err->msg + at, rest, len);
+  err->msg[at + len] = '\0';
+  err->code = code;
+  return code;
+}
+
 /* ---- time and waiting ------------------------------------------------------ */
 
 int64_t tcc__now_ns(void) {

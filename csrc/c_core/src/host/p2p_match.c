@@ -316,6 +316,13 @@ static void expire_p2p_ops(tcc_comm_t *comm, int64_t now, int all, tcc_result_t 
  * after its last op). Only ops involving that peer fail; the streams to
  * the other peers carry on, as they would with separate connections. */
 static void break_peer(tcc_comm_t *comm, peer_state_t *ps, const tcc_err_t *err) {
+  /* A failed communicator ends its own connections to tell its peers
+   * (transport `failed`): then its failure, not the stream's end, is why. */
+  tcc_err_t own;
+  if (atomic_load(&comm->aborted)) {
+    own.code = tcc__comm_failure(comm, own.msg, sizeof own.msg);
+    err = &own;
+  }
   ps->broken = err->code;
   snprintf(ps->broken_msg, sizeof ps->broken_msg, "%s", err->msg);
   expire_peer_ops(comm, ps, 0, 1, err->code, err->msg);

@@ -95,8 +95,11 @@ typedef struct tcc_transport_ops {
   /* Releases transport state (threads are already stopped). */
   void (*destroy)(tcc_comm_t *comm);
   /* Optional: the communicator just failed (comm->aborted is set); let
-   * anything waiting inside the transport see it. */
-  void (*failed)(tcc_comm_t *comm);
+   * anything waiting inside the transport see it. `announce`: tell the
+   * peers too, so that a rank waiting on this one fails now instead of at
+   * its timeout (false when the owner destroys the communicator: the
+   * teardown itself tells them). */
+  void (*failed)(tcc_comm_t *comm, bool announce);
 } tcc_transport_ops_t;
 
 /* ---- groups that span hosts ------------------------------------------- */

@@ -119,12 +119,17 @@ static void hybrid_destroy(tcc_comm_t *comm) {
   tcc__tcp_transport_ops.destroy(comm);
 }
 
-/* The group failed: phases waiting in a view see it at their next check. */
-static void hybrid_failed(tcc_comm_t *comm) {
+/* The group failed: phases waiting in a view see it at their next check.
+ * Announced, the failure reaches every rank that may be waiting on this
+ * one: the ranks of its host through the local view's segment, the
+ * others through the ends of its TCP connections. */
+static void hybrid_failed(tcc_comm_t *comm, bool announce) {
   tcc__topology_t *t = comm->topo;
-  if (!t) return;
-  if (t->local) tcc__comm_view_fail(t->local);
-  if (t->cross) tcc__comm_view_fail(t->cross);
+  if (t && t->local) tcc__comm_view_fail(t->local);
+  if (t && t->cross) tcc__comm_view_fail(t->cross);
+  if (!announce) return;
+  if (t && t->local && t->local->ops && t->local->ops->failed) t->local->ops->failed(t->local, true);
+  tcc__tcp_failed(comm, true);
 }
 
 static const tcc_transport_ops_t hybrid_ops = {

@@ -30,6 +30,9 @@
 #include "transport/transport.h"
 #include "transport/shm/shm_segment.h"
 
+/* How much of a failed rank's error its peers can quote. */
+#define TCC_SHM_FAIL_REASON_BYTES 400
+
 typedef struct shm_header {
   tcc_segment_head_t seg; /* readiness, ranks attached, total size, secret */
   uint32_t size;
@@ -48,6 +51,10 @@ typedef struct shm_rank_ctrl {
   _Alignas(TCC_CACHELINE) atomic_uint doorbell; /* bumped to wake the p2p thread */
   atomic_int doorbell_sleeping;
   atomic_int destroyed; /* set before the rank lets go of its liveness lock */
+  /* Set (after fail_reason) when the rank's communicator failed: a rank
+   * waiting on it fails at once, with the cause, not at its timeout. */
+  atomic_int failed;
+  char fail_reason[TCC_SHM_FAIL_REASON_BYTES];
   /* Single-copy reads (shm_cma.c), written before the rank counts itself
    * attached: its process id (0: it offers none) and where a word holding
    * probe_value lies in its own memory, which a peer reads to prove that
@@ -142,9 +149,13 @@ tcc_result_t tcc__shm_liveness_start(tcc_comm_t *comm, shm_state_t *st, int fd, 
 /* Marks this rank as having destroyed its communicator, then lets go of
  * the lock. */
 void tcc__shm_liveness_stop(tcc_comm_t *comm, shm_state_t *st);
-/* TCC_OK while `peer` lives (checked at most every few hundred ms unless
- * `now`), else TCC_ERR_REMOTE with a message naming `what` and the peer
- * and saying whether it exited or destroyed its communicator. */
+/* The transport's `failed`: when announcing, publishes this rank's
+ * failure and its cause in its control block. */
+void tcc__shm_failed(tcc_comm_t *comm, bool announce);
+/* TCC_OK while `peer` lives and its communicator has not failed (its
+ * lock checked at most every few hundred ms unless `now`), else
+ * TCC_ERR_REMOTE with a message naming `what` and the peer and saying
+ * whether it exited, destroyed its communicator, or failed (and why). */
 tcc_result_t tcc__shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bool now,
                                 const char *what, tcc_err_t *err);
 

@@ -105,6 +105,13 @@ static tcc_result_t peer_move(tcc_comm_t *comm, int rank, char *local, uint64_t 
     /* A peer that is gone is reported as every wait reports it. */
     tcc_result_t gone = tcc__shm_peer_check(comm, st, rank, true, what, err);
     if (gone != TCC_OK) return gone;
+    /* Exiting: its memory is gone before its lock is. */
+    if (code == ESRCH)
+      return tcc__err_set(err, TCC_ERR_REMOTE,
+                          "tccomm %s #%llu on '%s' (rank %d): rank %d exited (its process is gone: a single-copy %s "
+                          "of %zu bytes failed after %zu bytes)",
+                          what, (unsigned long long)seq, comm->name, tcc__self_label(comm),
+                          tcc__rank_label(comm, rank), write ? "write" : "read", len, done);
     return tcc__err_set(err, TCC_ERR_REMOTE,
                         "tccomm %s #%llu on '%s' (rank %d): single-copy %s of %zu bytes %s rank %d failed after "
                         "%zu bytes: %s",

@@ -70,9 +70,27 @@ void tcc__shm_liveness_stop(tcc_comm_t *comm, shm_state_t *st) {
   st->peer_checked_ns = NULL;
 }
 
+void tcc__shm_failed(tcc_comm_t *comm, bool announce) {
+  shm_state_t *st = shm_of(comm);
+  if (!announce || !st || st->lock_fd < 0) return;
+  shm_rank_ctrl_t *me = shm_ctrl(st, comm->rank);
+  char cause[TCC_ERRLEN];
+  tcc__comm_failure(comm, cause, sizeof cause);
+  snprintf(me->fail_reason, sizeof me->fail_reason, "%.*s", (int)sizeof me->fail_reason - 1, cause);
+  atomic_store_explicit(&me->failed, 1, memory_order_release);
+}
+
 tcc_result_t tcc__shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bool now, const char *what,
                                 tcc_err_t *err) {
   if (peer == comm->rank || st->lock_fd < 0) return TCC_OK;
+  const shm_rank_ctrl_t *pc = shm_ctrl(st, peer);
+  /* One load, cheap enough for every check: a failed peer is known within
+   * one wait slice. The reason is the peer's own text, bounded here
+   * whatever it holds. */
+  if (atomic_load_explicit(&pc->failed, memory_order_acquire))
+    return tcc__err_set(err, TCC_ERR_REMOTE, "tccomm %s on '%s' (rank %d): rank %d failed and will not take part: %.*s",
+                        what, comm->name, tcc__self_label(comm), tcc__rank_label(comm, peer),
+                        (int)sizeof pc->fail_reason, pc->fail_reason);
   if (TCC_MUTANT(DEAD_PEER_UNREPORTED)) return TCC_OK; /* MUTATION SITE */
   int64_t t = tcc__now_ns();
   /* The collective runner and the p2p thread both check: relaxed atomics,

@@ -235,4 +235,5 @@ static const tcc_transport_ops_t shm_ops = {
     .p2p_wait = tcc__shm_p2p_wait,
     .p2p_notify = tcc__shm_p2p_notify,
     .destroy = shm_destroy,
+    .failed = tcc__shm_failed,
 };

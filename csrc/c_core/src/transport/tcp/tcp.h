@@ -56,6 +56,8 @@ typedef struct tcp_state {
 /* tcp_p2p.c. The p2p functions of the table are also the hybrid
  * transport's, whose point-to-point traffic is TCP's. */
 extern const tcc_transport_ops_t tcc__tcp_transport_ops;
+/* The transport's `failed`: ends every connection when announcing. */
+void tcc__tcp_failed(tcc_comm_t *comm, bool announce);
 ssize_t tcc__tcp_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err);
 ssize_t tcc__tcp_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
 void tcc__tcp_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);

@@ -73,9 +73,9 @@ static ssize_t p2p_failed(tcc_comm_t *comm, int peer, const char *how, int errnu
   tcp_state_t *st = comm->transport_state;
   st->p2p_dead[peer] = true; /* stop polling it: it would wake p2p_wait forever */
   if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
-    tcc__err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: rank %d is gone: its "
-                "connection %s (the process exited, or destroyed its communicator)", comm->name,
-                comm->rank, peer, errnum ? "was reset" : "closed");
+    tcc__err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: the connection to rank %d %s "
+                "(its process exited, or its communicator failed or was destroyed)", comm->name,
+                tcc__self_label(comm), peer, errnum ? "was reset" : "closed");
   else
     tcc__err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: %s rank %d "
                 "failed: %s", comm->name, tcc__self_label(comm), how, peer, strerror(errnum));
@@ -138,6 +138,19 @@ void tcc__tcp_p2p_notify(tcc_comm_t *comm) {
   }
 }
 
+void tcc__tcp_failed(tcc_comm_t *comm, bool announce) {
+  tcp_state_t *st = comm->transport_state;
+  if (!announce || !st) return;
+  /* A peer waiting on this rank would otherwise wait for its own timeout:
+   * ending both directions of every connection makes its next poll see
+   * the end of the stream. Descriptors stay open (other threads of this
+   * rank may be using them) until the transport is destroyed. */
+  for (int j = 0; j < st->n; j++) {
+    if (st->coll_fd[j] >= 0) shutdown(st->coll_fd[j], SHUT_RDWR);
+    if (st->p2p_fd[j] >= 0) shutdown(st->p2p_fd[j], SHUT_RDWR);
+  }
+}
+
 static void tcp_destroy(tcc_comm_t *comm) {
   tcc__tcp_state_free(comm->transport_state);
   comm->transport_state = NULL;
@@ -151,4 +164,5 @@ const tcc_transport_ops_t tcc__tcp_transport_ops = {
     .p2p_wait = tcc__tcp_p2p_wait,
     .p2p_notify = tcc__tcp_p2p_notify,
     .destroy = tcp_destroy,
+    .failed = tcc__tcp_failed,
 };
