@@ -66,7 +66,7 @@ def c_reduce_scatter(ctx, dtype, redop, n):
                                 lambda: dist.reduce_scatter(out, ins[r], op=op))
     dist.reduce_scatter(out, ins[r], op=op)
     mine = [ins[s][r] for s in range(W)]
-    ctx.check_reduction(out, mine, dtype, redop, f"reduce_scatter {redop}")
+    ctx.check_reduce_scatter(out, mine, dtype, redop, f"reduce_scatter {redop}")
 
 
 def c_reduce_scatter_tensor(ctx, dtype, redop, n):
@@ -79,7 +79,7 @@ def c_reduce_scatter_tensor(ctx, dtype, redop, n):
                                 lambda: reduce_scatter_tensor(out, xs[r], op))
     reduce_scatter_tensor(out, xs[r], op)
     mine = [x[r * n:(r + 1) * n] for x in xs]
-    ctx.check_reduction(out, mine, dtype, redop, f"reduce_scatter_tensor {redop}")
+    ctx.check_reduce_scatter(out, mine, dtype, redop, f"reduce_scatter_tensor {redop}")
 
 
 def c_broadcast(ctx, dtype, n):

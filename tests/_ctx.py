@@ -19,8 +19,8 @@ from _reference import (FLOATS, compare, make_input, mismatch_report, reduction_
                         same_value, tolerance_mismatch)
 from _registry import Skip
 
-# Allreduces of this many bytes and more go by hosts on a group that spans
-# hosts (HIER_MIN_BYTES in csrc/c_core/src/coll/coll_hier.c).
+# Reductions of this many bytes of input and more go by hosts on a group
+# that spans hosts (HIER_MIN_BYTES in csrc/c_core/src/coll/coll_hier.c).
 HIER_MIN_BYTES = 64 << 10
 
 
@@ -108,17 +108,27 @@ class Ctx:
     def check_allreduce(self, actual, xs: list[torch.Tensor], dtype: str, redop: str,
                         what: str, group=None) -> None:
         """check_reduction for an all_reduce on `group`, in the order tccomm
-        reduces it there (allreduce_blocks)."""
-        blocks = self.allreduce_blocks(xs[0].numel(), dtype, redop, group)
+        reduces it there (hier_blocks)."""
+        blocks = self.hier_blocks("all_reduce", xs[0].numel(), dtype, redop, group)
         self.check_reduction(actual, xs, dtype, redop, what, blocks)
 
-    def allreduce_blocks(self, count: int, dtype: str, redop: str, group=None):
-        """The order in which tccomm reduces an all_reduce of `count` elements
-        on `group`: None for rank order, else the group ranks of each host,
-        hosts in the order of their lowest rank (README: "Groups that span
-        hosts"). Hierarchical when the group has ranks on several hosts and
-        some host has several, from HIER_MIN_BYTES, except for float16,
-        bfloat16 and AVG (csrc/c_core/src/coll/coll_hier.c)."""
+    def check_reduce_scatter(self, actual, xs: list[torch.Tensor], dtype: str, redop: str,
+                             what: str, group=None) -> None:
+        """check_reduction for a reduce_scatter on `group` (xs: this rank's
+        block of every rank's input), in the order tccomm reduces it there."""
+        n = len(xs)
+        blocks = self.hier_blocks("reduce_scatter", n * xs[0].numel(), dtype, redop, group)
+        self.check_reduction(actual, xs, dtype, redop, what, blocks)
+
+    def hier_blocks(self, op: str, count: int, dtype: str, redop: str, group=None):
+        """The order in which tccomm reduces `op` (all_reduce or
+        reduce_scatter) with `count` elements of input per rank on `group`:
+        None for rank order, else the group ranks of each host, hosts in the
+        order of their lowest rank (README: "Groups that span hosts").
+        Hierarchical when the group has ranks on several hosts and some host
+        has several, from HIER_MIN_BYTES of input, except for float16,
+        bfloat16 and AVG; reduce_scatter only on hosts with equal rank
+        counts (csrc/c_core/src/coll/coll_hier.c)."""
         if not self.strict or not self.hosts:
             return None
         if dtype in ("float16", "bfloat16") or redop == "AVG":
@@ -132,6 +142,8 @@ class Ctx:
         blocks = sorted(by_host.values())
         if len(blocks) < 2 or len(blocks) == len(ranks):
             return None  # one host (shm) or one rank per host (tcp): flat
+        if op == "reduce_scatter" and len({len(b) for b in blocks}) > 1:
+            return None  # uneven hosts: flat
         return blocks
 
     def expect_error(self, fn: Callable, op_re: str, cause_re: str | None,

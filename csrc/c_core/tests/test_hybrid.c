@@ -157,6 +157,45 @@ static float frac_value(int r, size_t i) {
   return (float)(1.0 / (double)(3 + r + (i % 17))) * (r % 2 ? 1.0f : 4096.0f) * (float)(1 + (i % 5));
 }
 
+/* The sum over ranks of frac_value(q, i) in rank order, or (by_host) in
+ * the documented order of a hierarchical sum: hosts in the order of their
+ * lowest rank, each host's ranks in rank order. */
+static float ordered_sum(int n, size_t i, bool by_host) {
+  if (!by_host) {
+    float want = 0;
+    for (int q = 0; q < n; q++) want = q == 0 ? frac_value(q, i) : want + frac_value(q, i);
+    return want;
+  }
+  float want = 0;
+  bool first_host = true;
+  for (int h0 = 0; h0 < n; h0++) {
+    bool lowest = true;
+    for (int q = 0; q < h0; q++) lowest &= group_fake_host(spec, q) != group_fake_host(spec, h0);
+    if (!lowest) continue;
+    float host = 0;
+    bool first = true;
+    for (int q = h0; q < n; q++)
+      if (group_fake_host(spec, q) == group_fake_host(spec, h0)) {
+        host = first ? frac_value(q, i) : host + frac_value(q, i);
+        first = false;
+      }
+    want = first_host ? host : want + host;
+    first_host = false;
+  }
+  return want;
+}
+
+static bool is_hybrid(tcc_comm_t *comm) { return strcmp(tcc_comm_transport_name(comm), "shm+tcp") == 0; }
+
+/* Whether every host of the group has the same number of ranks. */
+static bool hosts_uniform(int n) {
+  int per_host[8] = {0};
+  for (int r = 0; r < n; r++) per_host[group_fake_host(spec, r) < 0 ? 0 : group_fake_host(spec, r)]++;
+  for (int h = 1; h < 8; h++)
+    if (per_host[h] && per_host[h] != per_host[0]) return false;
+  return true;
+}
+
 static void test_sum_order(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   const size_t count = 70001; /* a hierarchical size, not a multiple of the ranks per host */
@@ -165,33 +204,62 @@ static void test_sum_order(tcc_comm_t *comm) {
   tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(buf, count, TCC_FLOAT32), TCC_SUM,
                                      NULL, &op));
   CHECK(r == TCC_OK, "%s: fractional allreduce: %s", spec, tcc_last_error());
-  const bool hybrid = strcmp(tcc_comm_transport_name(comm), "shm+tcp") == 0;
   size_t bad = 0;
   for (size_t i = 0; i < count && r == TCC_OK; i++) {
-    float want = 0;
-    if (hybrid) { /* hosts in the order of their lowest rank, each host's ranks in rank order */
-      bool first_host = true;
-      for (int h0 = 0; h0 < n; h0++) {
-        bool lowest = true;
-        for (int q = 0; q < h0; q++) lowest &= group_fake_host(spec, q) != group_fake_host(spec, h0);
-        if (!lowest) continue;
-        float host = 0;
-        bool first = true;
-        for (int q = h0; q < n; q++)
-          if (group_fake_host(spec, q) == group_fake_host(spec, h0)) {
-            host = first ? frac_value(q, i) : host + frac_value(q, i);
-            first = false;
-          }
-        want = first_host ? host : want + host;
-        first_host = false;
-      }
-    } else {
-      for (int q = 0; q < n; q++) want = q == 0 ? frac_value(q, i) : want + frac_value(q, i);
-    }
+    float want = ordered_sum(n, i, is_hybrid(comm));
     if (memcmp(&buf[i], &want, sizeof want) != 0 && bad++ < 3)
       CHECK(0, "%s: fractional sum element %zu is %.9g, expected %.9g (bit for bit)", spec, i, buf[i], want);
   }
   free(buf);
+}
+
+/* reduce_scatter, hierarchical on hosts of equal rank counts from
+ * HIER_BYTES of input: integer-valued data for several dtype x op pairs,
+ * exact; fractional floats bit for bit in the order that applies. */
+static void test_reduce_scatter(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const struct { tcc_dtype_t dt; tcc_redop_t op; } cases[] = {
+      {TCC_INT32, TCC_SUM}, {TCC_INT64, TCC_PRODUCT}, {TCC_FLOAT32, TCC_MAX}, {TCC_FLOAT64, TCC_PREMUL_SUM},
+      {TCC_UINT8, TCC_BXOR}, {TCC_FLOAT32, TCC_SUM}};
+  const size_t blocks[] = {0, 5, HIER_BYTES / 4 / 8, HIER_BYTES / 4 / (size_t)n + 3, 50001};
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
+    for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++) {
+      const tcc_dtype_t dt = cases[k].dt;
+      const tcc_redop_t rop = cases[k].op;
+      const size_t es = tcc_dtype_size(dt), count = blocks[bi], total = count * (size_t)n;
+      const bool fractional = k == sizeof cases / sizeof *cases - 1;
+      char *in = malloc(total * es + 1), *out = malloc(count * es + 1);
+      tcc_buf_t sends[8];
+      for (size_t i = 0; i < total; i++) {
+        int v = small_value(me, i, rop);
+        if (dt == TCC_UINT8) v &= 0x7f;
+        if (fractional) ((float *)in)[i] = frac_value(me, i);
+        else put(in, dt, i, v);
+      }
+      for (int j = 0; j < n; j++) sends[j] = host_buf(in + (size_t)j * count * es, count, dt);
+      tcc_op_opts_t opts = {.premul_factor = 0.5};
+      tcc_result_t r = RUN(tcc_reduce_scatter(comm, sends, host_buf(out, count, dt), rop, &opts, &op));
+      CHECK(r == TCC_OK, "%s: reduce_scatter %s %s block %zu: %s", spec, tcc_dtype_name(dt), tcc_redop_name(rop), count,
+            tcc_last_error());
+      const bool by_host = is_hybrid(comm) && hosts_uniform(n) && total * es >= HIER_BYTES;
+      size_t bad = 0;
+      for (size_t i = 0; i < count && r == TCC_OK; i++) {
+        const size_t at = (size_t)me * count + i; /* the element of the input this one sums */
+        if (fractional) {
+          float want = ordered_sum(n, at, by_host);
+          if (memcmp(&((float *)out)[i], &want, sizeof want) != 0 && bad++ < 3)
+            CHECK(0, "%s: reduce_scatter fractional sum, block %zu, element %zu is %.9g, expected %.9g", spec, count,
+                  i, ((float *)out)[i], want);
+          continue;
+        }
+        double want = ref_value(n, at, dt, rop, 0.5);
+        if (get(out, dt, i) != want && bad++ < 3)
+          CHECK(0, "%s: reduce_scatter %s %s block %zu: element %zu is %g, expected %g", spec, tcc_dtype_name(dt),
+                tcc_redop_name(rop), count, i, get(out, dt, i), want);
+      }
+      free(in);
+      free(out);
+    }
 }
 
 /* ---- broadcast from every root, other collectives, p2p ----------------- */
@@ -214,17 +282,31 @@ static void test_broadcast(tcc_comm_t *comm) {
     }
 }
 
+/* allgather around the hierarchical threshold (HIER_BYTES of output), out
+ * of place and in place, every element of every block checked. */
 static void test_allgather_and_p2p(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
-  const size_t count = 20000;
-  int32_t *mine = malloc(count * sizeof *mine), *all = malloc((size_t)n * count * sizeof *all);
-  tcc_buf_t recvs[8];
-  for (size_t i = 0; i < count; i++) mine[i] = (int32_t)(i + (size_t)me * 100000);
-  for (int j = 0; j < n; j++) recvs[j] = host_buf(all + (size_t)j * count, count, TCC_INT32);
-  tcc_result_t r = RUN(tcc_allgather(comm, host_buf(mine, count, TCC_INT32), recvs, NULL, &op));
-  CHECK(r == TCC_OK, "%s: allgather: %s", spec, tcc_last_error());
-  for (int j = 0; j < n && r == TCC_OK; j++)
-    CHECK(all[(size_t)j * count + 7] == (int32_t)(7 + (size_t)j * 100000), "%s: allgather slot %d", spec, j);
+  const size_t blocks[] = {0, 3, HIER_BYTES / 4 / 8, HIER_BYTES / 4 / (size_t)n + 1, 20000, 131075};
+  for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++)
+    for (int inplace = 0; inplace < 2; inplace++) {
+      const size_t count = blocks[bi];
+      int32_t *mine = malloc(count * sizeof *mine + 1), *all = malloc((size_t)n * count * sizeof *all + 1);
+      tcc_buf_t recvs[8];
+      for (size_t i = 0; i < (size_t)n * count; i++) all[i] = -1;
+      int32_t *src = inplace ? all + (size_t)me * count : mine;
+      for (size_t i = 0; i < count; i++) src[i] = (int32_t)(i * 3 + (size_t)me * 1000003);
+      for (int j = 0; j < n; j++) recvs[j] = host_buf(all + (size_t)j * count, count, TCC_INT32);
+      tcc_result_t r = RUN(tcc_allgather(comm, host_buf(src, count, TCC_INT32), recvs, NULL, &op));
+      CHECK(r == TCC_OK, "%s: allgather block %zu: %s", spec, count, tcc_last_error());
+      size_t bad = 0;
+      for (int j = 0; j < n && r == TCC_OK; j++)
+        for (size_t i = 0; i < count; i++)
+          if (all[(size_t)j * count + i] != (int32_t)(i * 3 + (size_t)j * 1000003) && bad++ < 3)
+            CHECK(0, "%s: allgather block %zu%s: element %zu of rank %d's block is %d", spec, count,
+                  inplace ? " in place" : "", i, j, all[(size_t)j * count + i]);
+      free(mine);
+      free(all);
+    }
   /* A ring of sends: within a host over the group's connections, and across. */
   if (n > 1) {
     int32_t got[4] = {0}, sent[4] = {me, me * 2, me * 3, 77};
@@ -235,8 +317,6 @@ static void test_allgather_and_p2p(tcc_comm_t *comm) {
     int from = (me + n - 1) % n;
     CHECK(got[0] == from && got[2] == from * 3 && got[3] == 77, "%s: ring got %d %d", spec, got[0], got[2]);
   }
-  free(mine);
-  free(all);
 }
 
 /* Ranks that disagree on a hierarchical allreduce fail alike, and the
@@ -261,6 +341,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_sum_order(comm);
   test_broadcast(comm);
   test_allgather_and_p2p(comm);
+  test_reduce_scatter(comm);
   if (tcc_comm_size(comm) > 1) test_mismatch(comm);
   test_allreduce_ops(comm); /* still right after the mismatch */
 }

@@ -13,10 +13,23 @@
  *   0), the leaders allreduce, each leader broadcasts to its host.
  * broadcast: the root's host broadcasts from the root, the leaders from
  *   the root's host leader, every other host from its leader.
+ * allgather, hosts with equal rank counts: each rank gathers the blocks of
+ *   the ranks with its local index on every host (across hosts, each local
+ *   rank on its own connections), then the host's ranks all-gather those,
+ *   one host's blocks at a time. Each block crosses each link once,
+ *   instead of once per rank of the other host.
+ * reduce_scatter, hosts with equal rank counts: for each host h, the
+ *   host's ranks reduce-scatter the blocks destined for h's ranks (local
+ *   rank l gets its host's sum of the block of h's rank l), then each rank
+ *   reduce-scatters those partial sums with the ranks of its local index
+ *   on the other hosts, ending with the sum of its own block.
  *
  * Every element is reduced in one fixed order on every rank: over the
  * ranks of its host in rank order, then over the hosts in the order of
- * their lowest rank, so every rank gets the same bits. Reductions whose
+ * their lowest rank, so every rank gets the same bits. Hierarchical
+ * allgather and reduce_scatter need hosts of equal rank counts (each rank
+ * has a partner of its local index on every host); on uneven hosts they
+ * run flat. Reductions whose
  * result would change with a second rounding (float16/bfloat16, which
  * accumulate in float32 and round once) or that divide once at the end
  * (AVG) run flat, as do small messages, where the phases' latency costs
@@ -39,16 +52,30 @@ static bool reduction_stages(const tcc_coll_t *c) {
   return c->dtype != TCC_FLOAT16 && c->dtype != TCC_BFLOAT16 && c->redop != TCC_AVG;
 }
 
-bool tcc__coll_hier_chosen(const tcc_comm_t *comm, const tcc_coll_t *c) {
-  if (!comm->topo) return false;
+/* The size the choice goes by: a rank's input (allreduce, broadcast,
+ * reduce_scatter) or output (allgather). */
+static size_t op_bytes(const tcc_comm_t *comm, const tcc_coll_t *c) {
   size_t bytes = c->count * tcc_dtype_size(c->dtype);
-  if (bytes < HIER_MIN_BYTES) return false;
-  if (c->kind == TCC_COLL_ALLREDUCE) return reduction_stages(c);
-  return c->kind == TCC_COLL_BROADCAST;
+  if (c->kind == TCC_COLL_ALLGATHER || c->kind == TCC_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->size;
+  return bytes;
+}
+
+bool tcc__coll_hier_chosen(const tcc_comm_t *comm, const tcc_coll_t *c) {
+  if (!comm->topo || op_bytes(comm, c) < HIER_MIN_BYTES) return false;
+  switch (c->kind) {
+    case TCC_COLL_ALLREDUCE: return reduction_stages(c);
+    case TCC_COLL_BROADCAST: return true;
+    case TCC_COLL_ALLGATHER: return comm->topo->uniform;
+    case TCC_COLL_REDUCE_SCATTER: return comm->topo->uniform && reduction_stages(c);
+    default: return false;
+  }
 }
 
 const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c) {
   if (c->kind == TCC_COLL_BROADCAST) return "hierarchical broadcast (host, leaders, hosts)";
+  if (c->kind == TCC_COLL_ALLGATHER) return "hierarchical allgather (across hosts by local index, then each host's blocks within the host)";
+  if (c->kind == TCC_COLL_REDUCE_SCATTER)
+    return "hierarchical reduce-scatter (each host's blocks within the host, then across hosts by local index)";
   return comm->topo->uniform ? "hierarchical allreduce (host reduce-scatter, cross-host allreduce, host all-gather)"
                              : "hierarchical allreduce (host reduce, leaders' allreduce, host broadcast)";
 }
@@ -156,6 +183,61 @@ static tcc_result_t broadcast(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t se
   return r;
 }
 
+/* Rank of host h at local index i. */
+static int rank_at(const tcc__topology_t *t, int h, int i) { return t->by_host[t->host_start[h] + i]; }
+
+static tcc_result_t allgather(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline, tcc_err_t *err) {
+  const tcc__topology_t *t = comm->topo;
+  const int H = t->nhosts, L = t->local->size, l = t->local->rank;
+  void **parts = (void **)coll_scratch_of(comm)->part_out; /* [size]: H, then L pointers */
+  for (int h = 0; h < H; h++) parts[h] = c->recvs[rank_at(t, h, l)];
+  tcc_coll_t across = {.kind = TCC_COLL_ALLGATHER, .dtype = c->dtype, .count = c->count, .send = c->send,
+                       .recvs = parts};
+  tcc_result_t r = phase(t->cross, &across, seq, deadline, err);
+  for (int h = 0; h < H && r == TCC_OK; h++) {
+    for (int i = 0; i < L; i++) parts[i] = c->recvs[rank_at(t, h, i)];
+    tcc_coll_t within = {.kind = TCC_COLL_ALLGATHER, .dtype = c->dtype, .count = c->count, .send = parts[l],
+                         .recvs = parts};
+    r = phase(t->local, &within, seq, deadline, err);
+  }
+  return r;
+}
+
+/* The partials buffer, at least `bytes` long (NULL: out of memory). */
+static void *partials(tcc_comm_t *comm, size_t bytes) {
+  tcc__coll_scratch_t *s = coll_scratch_of(comm);
+  if (s->partials_bytes < bytes) {
+    free(s->partials);
+    s->partials = malloc(bytes);
+    s->partials_bytes = s->partials ? bytes : 0;
+  }
+  return s->partials;
+}
+
+static tcc_result_t reduce_scatter(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
+                                   tcc_err_t *err) {
+  const tcc__topology_t *t = comm->topo;
+  const int H = t->nhosts, L = t->local->size;
+  const size_t block = c->count * tcc_dtype_size(c->dtype);
+  uint8_t *sums = partials(comm, (size_t)H * block); /* [H] this host's sum of block (h, l) */
+  if (!sums && block > 0)
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm reduce_scatter #%llu on '%s' (rank %d): out of memory",
+                        (unsigned long long)seq, comm->name, comm->rank);
+  void **parts = (void **)coll_scratch_of(comm)->part_out; /* [size]: L, then H pointers */
+  tcc_result_t r = TCC_OK;
+  for (int h = 0; h < H && r == TCC_OK; h++) {
+    for (int i = 0; i < L; i++) parts[i] = c->sends[rank_at(t, h, i)];
+    tcc_coll_t within = reduction(TCC_COLL_REDUCE_SCATTER, c, c->redop, NULL, sums + (size_t)h * block, c->count);
+    within.sends = parts;
+    r = phase(t->local, &within, seq, deadline, err);
+  }
+  for (int h = 0; h < H; h++) parts[h] = sums + (size_t)h * block;
+  tcc_coll_t across = reduction(TCC_COLL_REDUCE_SCATTER, c, later_op(c->redop), NULL, c->recv, c->count);
+  across.sends = parts;
+  if (r == TCC_OK) r = phase(t->cross, &across, seq, deadline, err);
+  return r;
+}
+
 tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                 tcc_err_t *err) {
   tcc_result_t r = tcc__coll_stream_agree(comm, c, seq, deadline_ns, err);
@@ -166,6 +248,8 @@ tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t 
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s #%llu on '%s' (rank %d): out of memory",
                         tcc__coll_name(c->kind), (unsigned long long)seq, comm->name, comm->rank);
   if (staged.kind == TCC_COLL_BROADCAST) r = broadcast(comm, &staged, seq, deadline_ns, err);
+  else if (staged.kind == TCC_COLL_ALLGATHER) r = allgather(comm, &staged, seq, deadline_ns, err);
+  else if (staged.kind == TCC_COLL_REDUCE_SCATTER) r = reduce_scatter(comm, &staged, seq, deadline_ns, err);
   else if (comm->topo->uniform) r = allreduce_by_shards(comm, &staged, seq, deadline_ns, err);
   else r = allreduce_by_leaders(comm, &staged, seq, deadline_ns, err);
   free(mem);

@@ -36,6 +36,10 @@ typedef struct tcc__coll_scratch {
   int *poll_peers;
   short *poll_events;
   short *poll_revents;
+  /* hierarchical algorithms: partial results between phases, grown as
+   * needed and kept (a fresh buffer per op would fault every page in) */
+  void *partials;
+  size_t partials_bytes;
 } tcc__coll_scratch_t;
 
 static inline tcc__coll_scratch_t *coll_scratch_of(tcc_comm_t *comm) {

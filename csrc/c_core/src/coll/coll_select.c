@@ -68,6 +68,7 @@ void tcc__coll_release(tcc_comm_t *comm) {
   free(s->poll_peers);
   free(s->poll_events);
   free(s->poll_revents);
+  free(s->partials);
   free(s);
   comm->coll_scratch = NULL;
 }

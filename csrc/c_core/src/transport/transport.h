@@ -115,6 +115,10 @@ typedef struct tcc__topology {
   int *host_of;      /* [size] */
   int *local_index;  /* [size] */
   int *host_size;    /* [nhosts] ranks on each host */
+  /* The ranks of host h, in local index order: by_host[host_start[h] + i]
+   * for i < host_size[h]. */
+  int *by_host;      /* [size] */
+  int *host_start;   /* [nhosts] */
   bool uniform;      /* every host has the same number of ranks */
   /* Views (core/view.c) that the hierarchical algorithms run phases on:
    * the ranks of this host over shared memory (NULL when this rank is

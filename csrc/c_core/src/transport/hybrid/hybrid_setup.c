@@ -16,6 +16,8 @@ static void topology_free(tcc__topology_t *t) {
   free(t->host_of);
   free(t->local_index);
   free(t->host_size);
+  free(t->by_host);
+  free(t->host_start);
   free(t);
 }
 
@@ -29,8 +31,10 @@ static tcc__topology_t *topology_new(int n, int me, const tcc_blob_t *blobs) {
     t->host_of = calloc((size_t)n, sizeof *t->host_of);
     t->local_index = calloc((size_t)n, sizeof *t->local_index);
     t->host_size = calloc((size_t)n, sizeof *t->host_size);
+    t->by_host = calloc((size_t)n, sizeof *t->by_host);
+    t->host_start = calloc((size_t)n, sizeof *t->host_start);
   }
-  if (!t || !first || !t->host_of || !t->local_index || !t->host_size) {
+  if (!t || !first || !t->host_of || !t->local_index || !t->host_size || !t->by_host || !t->host_start) {
     free(first);
     topology_free(t);
     return NULL;
@@ -43,6 +47,8 @@ static tcc__topology_t *topology_new(int n, int me, const tcc_blob_t *blobs) {
     t->local_index[r] = t->host_size[h]++;
   }
   free(first);
+  for (int h = 1; h < t->nhosts; h++) t->host_start[h] = t->host_start[h - 1] + t->host_size[h - 1];
+  for (int r = 0; r < n; r++) t->by_host[t->host_start[t->host_of[r]] + t->local_index[r]] = r;
   t->host = t->host_of[me];
   t->uniform = true;
   for (int h = 1; h < t->nhosts; h++) t->uniform &= t->host_size[h] == t->host_size[0];
