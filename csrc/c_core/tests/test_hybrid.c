@@ -23,8 +23,10 @@
 #include "group.h"
 #include "tccomm.h"
 
-/* Messages from this size on run hierarchically (coll/coll_hier.c). */
+/* Messages from this size on run hierarchically (coll/coll_hier.c), all_gather
+ * from the second. */
 #define HIER_BYTES (64u << 10)
+#define HIER_GATHER_BYTES (256u << 10)
 
 static const char *spec; /* the layout of the group being run */
 
@@ -282,11 +284,11 @@ static void test_broadcast(tcc_comm_t *comm) {
     }
 }
 
-/* allgather around the hierarchical threshold (HIER_BYTES of output), out
- * of place and in place, every element of every block checked. */
+/* allgather around the hierarchical threshold (HIER_GATHER_BYTES of
+ * output), out of place and in place, every element of every block checked. */
 static void test_allgather_and_p2p(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
-  const size_t blocks[] = {0, 3, HIER_BYTES / 4 / 8, HIER_BYTES / 4 / (size_t)n + 1, 20000, 131075};
+  const size_t blocks[] = {0, 3, HIER_GATHER_BYTES / 4 / 8, HIER_GATHER_BYTES / 4 / (size_t)n + 1, 20000, 131075};
   for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++)
     for (int inplace = 0; inplace < 2; inplace++) {
       const size_t count = blocks[bi];
