@@ -21,7 +21,10 @@ from _training import assert_same_params
 # The compiled and training cases run in groups of their own, so that their
 # compile time does not eat into the budget of the collective specs.
 COMPILE_SPECS = ("w2-shm-env-parallel", "w4-tcp-env-parallel")
-PARALLEL_SPECS = ("w2-shm-env-parallel", "w4-tcp-env-parallel")
+PARALLEL_SPECS = ("w2-shm-env-parallel", "w4-tcp-env-parallel", "w4-hybrid-env-parallel")
+# 2 x 2 meshes: on the hybrid spec the inner dimension is within a host, the
+# outer one across hosts.
+MESH_SPECS = ("w4-tcp-env-parallel", "w4-hybrid-env-parallel")
 # torch.compile of a few collectives takes tens of seconds per rank on a
 # 2-core machine running 4 ranks: such a case may show no progress for longer
 # than the default hang limit.
@@ -479,10 +482,10 @@ def _register():
         hang_limit=COMPILE_HANG_LIMIT)
     add("compile_tp_mlp", "compile", c_compile_tp_mlp, specs=COMPILE_SPECS,
         hang_limit=COMPILE_HANG_LIMIT)
-    add("device_mesh_2d", "parallel", c_device_mesh, specs=("w4-tcp-env-parallel",))
+    add("device_mesh_2d", "parallel", c_device_mesh, specs=MESH_SPECS)
     add("split_group", "parallel", c_split_group, specs=PARALLEL_SPECS)
     add("fsdp2_1d", "parallel", c_fsdp2, specs=PARALLEL_SPECS, shape=("W",))
-    add("fsdp2_2x2", "parallel", c_fsdp2, specs=("w4-tcp-env-parallel",), shape=(2, 2))
+    add("fsdp2_2x2", "parallel", c_fsdp2, specs=MESH_SPECS, shape=(2, 2))
     add("dtensor_tp", "parallel", c_dtensor_tp, specs=PARALLEL_SPECS)
 
 

@@ -92,6 +92,9 @@ SPECS = [
     # torch.compile and the parallelism stack (tests/_cases_parallel.py).
     Spec("w2-shm-env-parallel", 2, "shm", "env", kind="parallel"),
     Spec("w4-tcp-env-parallel", 4, "tcp", "env", kind="parallel"),
+    # DDP is in the main suites; here FSDP2, DTensor and 2 x 2 meshes whose
+    # inner dimension is within a host.
+    Spec("w4-hybrid-env-parallel", 4, "hybrid", "env", kind="parallel", hosts=(0, 0, 1, 1)),
     # The paths beyond the per-op matrix (tests/_cases_coverage.py), in groups
     # of their own so that none adds to the time or the state of the others.
     Spec("w8-shm-env-coverage", 8, "shm", "env", kind="coverage"),
