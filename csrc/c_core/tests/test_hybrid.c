@@ -27,6 +27,8 @@
  * from the second. */
 #define HIER_BYTES (64u << 10)
 #define HIER_GATHER_BYTES (256u << 10)
+/* Sharded allreduces of two of these or more run in pipelined segments. */
+#define HIER_SEGMENT_BYTES (4u << 20)
 
 static const char *spec; /* the layout of the group being run */
 
@@ -159,30 +161,38 @@ static float frac_value(int r, size_t i) {
   return (float)(1.0 / (double)(3 + r + (i % 17))) * (r % 2 ? 1.0f : 4096.0f) * (float)(1 + (i % 5));
 }
 
-/* The sum over ranks of frac_value(q, i) in rank order, or (by_host) in
- * the documented order of a hierarchical sum: hosts in the order of their
- * lowest rank, each host's ranks in rank order. */
-static float ordered_sum(int n, size_t i, bool by_host) {
-  if (!by_host) {
-    float want = 0;
-    for (int q = 0; q < n; q++) want = q == 0 ? frac_value(q, i) : want + frac_value(q, i);
-    return want;
-  }
-  float want = 0;
-  bool first_host = true;
+/* An order of summing over the ranks: ranks[] in blocks, block b ending
+ * before end[b]; each block summed in its order, then the blocks' sums in
+ * block order. */
+typedef struct sum_order {
+  int ranks[8], end[8], nblocks;
+} sum_order_t;
+
+/* Rank order (one block), or (by_host) the documented order of a
+ * hierarchical sum: hosts in the order of their lowest rank, each host's
+ * ranks in rank order. */
+static sum_order_t order_of(int n, bool by_host) {
+  sum_order_t o = {.nblocks = 0};
+  int k = 0;
   for (int h0 = 0; h0 < n; h0++) {
     bool lowest = true;
     for (int q = 0; q < h0; q++) lowest &= group_fake_host(spec, q) != group_fake_host(spec, h0);
-    if (!lowest) continue;
-    float host = 0;
-    bool first = true;
+    if (by_host && !lowest) continue;
     for (int q = h0; q < n; q++)
-      if (group_fake_host(spec, q) == group_fake_host(spec, h0)) {
-        host = first ? frac_value(q, i) : host + frac_value(q, i);
-        first = false;
-      }
-    want = first_host ? host : want + host;
-    first_host = false;
+      if (!by_host ? q == h0 : group_fake_host(spec, q) == group_fake_host(spec, h0)) o.ranks[k++] = q;
+    if (by_host) o.end[o.nblocks++] = k;
+  }
+  if (!by_host) o.end[o.nblocks++] = k;
+  return o;
+}
+
+/* The sum over ranks of frac_value(q, i) in order o. */
+static float ordered_sum(const sum_order_t *o, size_t i) {
+  float want = 0;
+  for (int b = 0, k = 0; b < o->nblocks; b++) {
+    float block = frac_value(o->ranks[k], i);
+    for (k++; k < o->end[b]; k++) block += frac_value(o->ranks[k], i);
+    want = b == 0 ? block : want + block;
   }
   return want;
 }
@@ -198,21 +208,33 @@ static bool hosts_uniform(int n) {
   return true;
 }
 
+/* Fractional sums bit for bit: at a hierarchical size that is not a
+ * multiple of the ranks per host, and at sizes that run in pipelined
+ * segments (exactly two, and two and a half plus an odd tail), in place
+ * and out of place. */
 static void test_sum_order(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
-  const size_t count = 70001; /* a hierarchical size, not a multiple of the ranks per host */
-  float *buf = malloc(count * sizeof *buf);
-  for (size_t i = 0; i < count; i++) buf[i] = frac_value(me, i);
-  tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(buf, count, TCC_FLOAT32), TCC_SUM,
-                                     NULL, &op));
-  CHECK(r == TCC_OK, "%s: fractional allreduce: %s", spec, tcc_last_error());
-  size_t bad = 0;
-  for (size_t i = 0; i < count && r == TCC_OK; i++) {
-    float want = ordered_sum(n, i, is_hybrid(comm));
-    if (memcmp(&buf[i], &want, sizeof want) != 0 && bad++ < 3)
-      CHECK(0, "%s: fractional sum element %zu is %.9g, expected %.9g (bit for bit)", spec, i, buf[i], want);
-  }
-  free(buf);
+  const size_t counts_[] = {70001, 2 * HIER_SEGMENT_BYTES / 4, 5 * HIER_SEGMENT_BYTES / 8 + 7};
+  for (size_t ci = 0; ci < sizeof counts_ / sizeof *counts_; ci++)
+    for (int inplace = 0; inplace < 2; inplace++) {
+      const size_t count = counts_[ci];
+      float *buf = malloc(count * sizeof *buf), *out = malloc(count * sizeof *out);
+      for (size_t i = 0; i < count; i++) buf[i] = frac_value(me, i);
+      float *dst = inplace ? buf : out;
+      tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(dst, count, TCC_FLOAT32),
+                                         TCC_SUM, NULL, &op));
+      CHECK(r == TCC_OK, "%s: fractional allreduce of %zu: %s", spec, count, tcc_last_error());
+      const sum_order_t order = order_of(n, is_hybrid(comm));
+      size_t bad = 0;
+      for (size_t i = 0; i < count && r == TCC_OK; i++) {
+        float want = ordered_sum(&order, i);
+        if (memcmp(&dst[i], &want, sizeof want) != 0 && bad++ < 3)
+          CHECK(0, "%s: fractional sum of %zu%s: element %zu is %.9g, expected %.9g (bit for bit)", spec, count,
+                inplace ? " in place" : "", i, dst[i], want);
+      }
+      free(buf);
+      free(out);
+    }
 }
 
 /* reduce_scatter, hierarchical on hosts of equal rank counts from
@@ -243,12 +265,12 @@ static void test_reduce_scatter(tcc_comm_t *comm) {
       tcc_result_t r = RUN(tcc_reduce_scatter(comm, sends, host_buf(out, count, dt), rop, &opts, &op));
       CHECK(r == TCC_OK, "%s: reduce_scatter %s %s block %zu: %s", spec, tcc_dtype_name(dt), tcc_redop_name(rop), count,
             tcc_last_error());
-      const bool by_host = is_hybrid(comm) && hosts_uniform(n) && total * es >= HIER_BYTES;
+      const sum_order_t order = order_of(n, is_hybrid(comm) && hosts_uniform(n) && total * es >= HIER_BYTES);
       size_t bad = 0;
       for (size_t i = 0; i < count && r == TCC_OK; i++) {
         const size_t at = (size_t)me * count + i; /* the element of the input this one sums */
         if (fractional) {
-          float want = ordered_sum(n, at, by_host);
+          float want = ordered_sum(&order, at);
           if (memcmp(&((float *)out)[i], &want, sizeof want) != 0 && bad++ < 3)
             CHECK(0, "%s: reduce_scatter fractional sum, block %zu, element %zu is %.9g, expected %.9g", spec, count,
                   i, ((float *)out)[i], want);

@@ -9,6 +9,10 @@
  *   other host (all local ranks at once, each on its own connections), and
  *   the host's ranks all-gather the shards. Every byte crosses a host's
  *   link once each way, the least an allreduce between hosts can send.
+ *   From 8 MiB the shards go in 4 MiB segments, the cross-host phase of
+ *   one on a thread of its own while the host's ranks reduce-scatter the
+ *   next and all-gather the one before: the link and shared memory work at
+ *   the same time.
  * allreduce, uneven hosts: each host reduces to its leader (local index
  *   0), the leaders allreduce, each leader broadcasts to its host.
  * broadcast: the root's host broadcasts from the root, the leaders from
@@ -39,6 +43,7 @@
  * (tcc__coll_stream_agree), the same one the flat algorithms start with,
  * so ranks that disagree on an op fail alike, before any phase runs.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +57,9 @@
  * output and behind from 256 KiB (381 against 406 us; 64 MiB: 49.5
  * against 79.2 ms). */
 #define HIER_MIN_GATHER_BYTES (256u << 10)
+/* Sharded allreduces of at least two of these run in segments, the
+ * cross-host phase of one overlapping the host phases of its neighbours. */
+#define HIER_SEGMENT_BYTES (4u << 20)
 
 static bool reduction_stages(const tcc_coll_t *c) {
   return c->dtype != TCC_FLOAT16 && c->dtype != TCC_BFLOAT16 && c->redop != TCC_AVG;
@@ -105,35 +113,197 @@ static tcc_coll_t reduction(tcc_coll_kind_t kind, const tcc_coll_t *c, tcc_redop
  * already multiplied by PREMUL_SUM's factor. */
 static tcc_redop_t later_op(tcc_redop_t op) { return op == TCC_PREMUL_SUM ? TCC_SUM : op; }
 
+/* ---- the cross-host phases on a thread of their own ---------------------- */
+
+/* Runs one cross-host phase at a time for the thread that runs the local
+ * phases, so that the link and the shared-memory work overlap. */
+struct tcc__hier_pipe {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  tcc_comm_t *cross;
+  bool posted, done, stop;
+  tcc_coll_t job;
+  uint64_t seq;
+  int64_t deadline;
+  tcc_result_t result;
+  tcc_err_t err;
+};
+
+static void *pipe_main(void *arg) {
+  tcc__hier_pipe_t *p = arg;
+  pthread_mutex_lock(&p->lock);
+  for (;;) {
+    while (!p->posted && !p->stop) pthread_cond_wait(&p->cv, &p->lock);
+    if (p->stop) break;
+    p->posted = false;
+    tcc_coll_t job = p->job;
+    tcc_err_t err = {TCC_OK, {0}};
+    pthread_mutex_unlock(&p->lock);
+    tcc_result_t r = tcc__coll_run(p->cross, &job, p->seq, p->deadline, &err);
+    pthread_mutex_lock(&p->lock);
+    p->result = r;
+    p->err = err;
+    p->done = true;
+    pthread_cond_broadcast(&p->cv);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return NULL;
+}
+
+/* The communicator's pipe, started on first use (NULL: no thread). */
+static tcc__hier_pipe_t *pipe_of(tcc_comm_t *comm) {
+  tcc__coll_scratch_t *s = coll_scratch_of(comm);
+  if (s->pipe) return s->pipe;
+  tcc__hier_pipe_t *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->cross = comm->topo->cross;
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  if (pthread_create(&p->thread, NULL, pipe_main, p) != 0) {
+    pthread_mutex_destroy(&p->lock);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+    return NULL;
+  }
+  s->pipe = p;
+  return p;
+}
+
+void tcc__hier_pipe_free(tcc__hier_pipe_t *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->lock);
+  p->stop = true;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->lock);
+  pthread_join(p->thread, NULL);
+  pthread_mutex_destroy(&p->lock);
+  pthread_cond_destroy(&p->cv);
+  free(p);
+}
+
+static void pipe_post(tcc__hier_pipe_t *p, const tcc_coll_t *job, uint64_t seq, int64_t deadline) {
+  pthread_mutex_lock(&p->lock);
+  p->job = *job;
+  p->seq = seq;
+  p->deadline = deadline;
+  p->done = false;
+  p->posted = true;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* The posted phase's result (its message into err when it failed). */
+static tcc_result_t pipe_wait(tcc__hier_pipe_t *p, tcc_err_t *err) {
+  pthread_mutex_lock(&p->lock);
+  while (!p->done) pthread_cond_wait(&p->cv, &p->lock);
+  const tcc_result_t r = p->result;
+  if (r != TCC_OK) tcc__err_set(err, r, "%s", p->err.msg);
+  pthread_mutex_unlock(&p->lock);
+  return r;
+}
+
+/* ---- allreduce --------------------------------------------------------- */
+
+/* Segment k of the sharded allreduce: the same sub-range [off, off+len) of
+ * every shard, so each segment reduces in the same order as the whole. */
+typedef struct shard_segment {
+  size_t off, len;
+} shard_segment_t;
+
+static tcc_coll_t segment_reduce_scatter(const tcc_comm_t *comm, const tcc_coll_t *c, size_t shard,
+                                         shard_segment_t s) {
+  const int L = comm->topo->local->size, l = comm->topo->local->rank;
+  const size_t es = tcc_dtype_size(c->dtype);
+  void **parts = (void **)coll_scratch_of((tcc_comm_t *)comm)->part_out;
+  for (int j = 0; j < L; j++) parts[j] = at(c->send, ((size_t)j * shard + s.off) * es);
+  tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, c, c->redop, NULL, at(c->recv, ((size_t)l * shard + s.off) * es),
+                            s.len);
+  rs.sends = parts;
+  return rs;
+}
+
+static tcc_coll_t segment_allreduce(const tcc_comm_t *comm, const tcc_coll_t *c, size_t shard, shard_segment_t s) {
+  const size_t es = tcc_dtype_size(c->dtype);
+  void *mine = at(c->recv, ((size_t)comm->topo->local->rank * shard + s.off) * es);
+  return reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), mine, mine, s.len);
+}
+
+static tcc_coll_t segment_allgather(const tcc_comm_t *comm, const tcc_coll_t *c, size_t shard, shard_segment_t s) {
+  const int L = comm->topo->local->size, l = comm->topo->local->rank;
+  const size_t es = tcc_dtype_size(c->dtype);
+  void **parts = (void **)coll_scratch_of((tcc_comm_t *)comm)->part_out;
+  for (int j = 0; j < L; j++) parts[j] = at(c->recv, ((size_t)j * shard + s.off) * es);
+  tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, c, c->redop, parts[l], NULL, s.len);
+  ag.recvs = parts;
+  return ag;
+}
+
+/* The shards' main part in segments, the cross-host allreduce of segment k
+ * running on the pipe's thread while this one reduce-scatters segment k+1
+ * and all-gathers segment k-1. The order of the local phases is fixed
+ * (RS 0, RS 1, AG 0, RS 2, AG 1, ...), so every rank of a host runs them
+ * alike whatever the timing. Without a thread: one phase after another. */
+static tcc_result_t shards_in_segments(tcc_comm_t *comm, const tcc_coll_t *c, size_t shard, uint64_t seq,
+                                       int64_t deadline, tcc_err_t *err) {
+  const size_t es = tcc_dtype_size(c->dtype), whole = shard * (size_t)comm->topo->local->size * es;
+  const size_t nseg = whole >= 2 * HIER_SEGMENT_BYTES ? (whole + HIER_SEGMENT_BYTES - 1) / HIER_SEGMENT_BYTES : 1;
+  const size_t sub = (shard + nseg - 1) / nseg;
+  tcc__hier_pipe_t *pipe = nseg > 1 ? pipe_of(comm) : NULL;
+  tcc_result_t r = TCC_OK;
+  bool in_flight = false;
+  shard_segment_t prev = {0, 0};
+  for (size_t k = 0; k * sub < shard && r == TCC_OK; k++) {
+    const shard_segment_t s = {k * sub, sub < shard - k * sub ? sub : shard - k * sub};
+    tcc_coll_t rs = segment_reduce_scatter(comm, c, shard, s);
+    r = phase(comm->topo->local, &rs, seq, deadline, err);
+    tcc_coll_t ar = segment_allreduce(comm, c, shard, s);
+    if (!pipe) {
+      if (r == TCC_OK) r = phase(comm->topo->cross, &ar, seq, deadline, err);
+      tcc_coll_t ag = segment_allgather(comm, c, shard, s);
+      if (r == TCC_OK) r = phase(comm->topo->local, &ag, seq, deadline, err);
+      continue;
+    }
+    if (in_flight) {
+      tcc_result_t done = pipe_wait(pipe, err);
+      in_flight = false;
+      if (r == TCC_OK) r = done;
+    }
+    if (r != TCC_OK) break;
+    pipe_post(pipe, &ar, seq, deadline);
+    in_flight = true;
+    if (k > 0) {
+      tcc_coll_t ag = segment_allgather(comm, c, shard, prev);
+      r = phase(comm->topo->local, &ag, seq, deadline, err);
+    }
+    prev = s;
+  }
+  if (in_flight) {
+    tcc_result_t done = pipe_wait(pipe, err); /* its buffers are the caller's: never left running */
+    if (r == TCC_OK) r = done;
+    if (r == TCC_OK) {
+      tcc_coll_t ag = segment_allgather(comm, c, shard, prev);
+      r = phase(comm->topo->local, &ag, seq, deadline, err);
+    }
+  }
+  return r;
+}
+
 static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
                                         tcc_err_t *err) {
   const tcc__topology_t *t = comm->topo;
-  tcc_comm_t *local = t->local, *cross = t->cross;
-  const int L = local->size, l = local->rank;
+  tcc_comm_t *local = t->local;
+  const int L = local->size;
   const size_t es = tcc_dtype_size(c->dtype), shard = c->count / (size_t)L, main = shard * (size_t)L;
-  /* [L] pointers into send / recv: the group's own scratch, which no
-   * phase touches (each view runs on its own). */
-  void **parts = (void **)coll_scratch_of(comm)->part_out;
   tcc_result_t r = TCC_OK;
-  if (shard > 0) {
-    for (int j = 0; j < L; j++) parts[j] = at(c->send, (size_t)j * shard * es);
-    tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, c, c->redop, NULL, at(c->recv, (size_t)l * shard * es), shard);
-    rs.sends = parts;
-    r = phase(local, &rs, seq, deadline, err);
-    tcc_coll_t ar = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), rs.recv, rs.recv, shard);
-    if (r == TCC_OK) r = phase(cross, &ar, seq, deadline, err);
-    for (int j = 0; j < L; j++) parts[j] = at(c->recv, (size_t)j * shard * es);
-    tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, c, c->redop, rs.recv, NULL, shard);
-    ag.recvs = parts;
-    if (r == TCC_OK) r = phase(local, &ag, seq, deadline, err);
-  }
+  if (shard > 0) r = shards_in_segments(comm, c, shard, seq, deadline, err);
   /* The count % L elements left: the same order, host first. */
   if (r == TCC_OK && main < c->count) {
     tcc_coll_t host = reduction(TCC_COLL_ALLREDUCE, c, c->redop, at(c->send, main * es), at(c->recv, main * es),
                                 c->count - main);
     r = phase(local, &host, seq, deadline, err);
     tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), host.recv, host.recv, host.count);
-    if (r == TCC_OK) r = phase(cross, &hosts, seq, deadline, err);
+    if (r == TCC_OK) r = phase(t->cross, &hosts, seq, deadline, err);
   }
   return r;
 }

@@ -40,7 +40,14 @@ typedef struct tcc__coll_scratch {
    * needed and kept (a fresh buffer per op would fault every page in) */
   void *partials;
   size_t partials_bytes;
+  /* the thread that runs the hierarchical allreduce's cross-host phases
+   * (coll_hier.c), started on first use */
+  struct tcc__hier_pipe *pipe;
 } tcc__coll_scratch_t;
+
+typedef struct tcc__hier_pipe tcc__hier_pipe_t;
+/* Stops and frees a communicator's pipe (NULL: nothing). */
+void tcc__hier_pipe_free(tcc__hier_pipe_t *p);
 
 static inline tcc__coll_scratch_t *coll_scratch_of(tcc_comm_t *comm) {
   return (tcc__coll_scratch_t *)comm->coll_scratch;
