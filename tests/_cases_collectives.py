@@ -52,7 +52,7 @@ def c_reduce(ctx, dtype, redop, n):
                                 lambda: dist.reduce(t, dst=root, op=op))
     dist.reduce(t, dst=root, op=op)
     if r == root:
-        ctx.check_reduction(t, xs, dtype, redop, f"reduce {redop} at root {root}")
+        ctx.check_reduce(t, xs, dtype, redop, f"reduce {redop} at root {root}")
 
 
 def c_reduce_scatter(ctx, dtype, redop, n):

@@ -112,6 +112,13 @@ class Ctx:
         blocks = self.hier_blocks("all_reduce", xs[0].numel(), dtype, redop, group)
         self.check_reduction(actual, xs, dtype, redop, what, blocks)
 
+    def check_reduce(self, actual, xs: list[torch.Tensor], dtype: str, redop: str,
+                     what: str, group=None) -> None:
+        """check_reduction for the root's output of a reduce on `group`, in
+        the order tccomm reduces it there."""
+        blocks = self.hier_blocks("reduce", xs[0].numel(), dtype, redop, group)
+        self.check_reduction(actual, xs, dtype, redop, what, blocks)
+
     def check_reduce_scatter(self, actual, xs: list[torch.Tensor], dtype: str, redop: str,
                              what: str, group=None) -> None:
         """check_reduction for a reduce_scatter on `group` (xs: this rank's
@@ -121,14 +128,14 @@ class Ctx:
         self.check_reduction(actual, xs, dtype, redop, what, blocks)
 
     def hier_blocks(self, op: str, count: int, dtype: str, redop: str, group=None):
-        """The order in which tccomm reduces `op` (all_reduce or
+        """The order in which tccomm reduces `op` (all_reduce, reduce or
         reduce_scatter) with `count` elements of input per rank on `group`:
         None for rank order, else the group ranks of each host, hosts in the
         order of their lowest rank (README: "Groups that span hosts").
         Hierarchical when the group has ranks on several hosts and some host
         has several, from HIER_MIN_BYTES of input, except for float16,
-        bfloat16 and AVG; reduce_scatter only on hosts with equal rank
-        counts (csrc/c_core/src/coll/coll_hier.c)."""
+        bfloat16 and AVG; reduce and reduce_scatter only on hosts with equal
+        rank counts (csrc/c_core/src/coll/coll_hier.c)."""
         if not self.strict or not self.hosts:
             return None
         if dtype in ("float16", "bfloat16") or redop == "AVG":
@@ -142,7 +149,7 @@ class Ctx:
         blocks = sorted(by_host.values())
         if len(blocks) < 2 or len(blocks) == len(ranks):
             return None  # one host (shm) or one rank per host (tcp): flat
-        if op == "reduce_scatter" and len({len(b) for b in blocks}) > 1:
+        if op != "all_reduce" and len({len(b) for b in blocks}) > 1:
             return None  # uneven hosts: flat
         return blocks
 

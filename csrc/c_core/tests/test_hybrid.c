@@ -306,6 +306,54 @@ static void test_broadcast(tcc_comm_t *comm) {
     }
 }
 
+/* reduce to every root, hierarchical on hosts of equal rank counts from
+ * HIER_BYTES: integer-valued data for several dtype x op pairs, exact;
+ * fractional floats bit for bit in the order that applies. Only the root's
+ * output is written. */
+static void test_reduce(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const struct { tcc_dtype_t dt; tcc_redop_t op; } cases[] = {
+      {TCC_INT32, TCC_SUM}, {TCC_FLOAT64, TCC_PREMUL_SUM}, {TCC_FLOAT32, TCC_MIN}, {TCC_FLOAT32, TCC_SUM}};
+  const size_t counts_[] = {0, 5, HIER_BYTES / 4 - 1, HIER_BYTES / 4 + 3, 100003};
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
+    for (size_t ci = 0; ci < sizeof counts_ / sizeof *counts_; ci++)
+      for (int root = 0; root < n; root++) {
+        const tcc_dtype_t dt = cases[k].dt;
+        const tcc_redop_t rop = cases[k].op;
+        const size_t es = tcc_dtype_size(dt), count = counts_[ci];
+        const bool fractional = k == sizeof cases / sizeof *cases - 1;
+        char *in = malloc(count * es + 1), *out = malloc(count * es + 1);
+        memset(out, 0x5a, count * es + 1);
+        for (size_t i = 0; i < count; i++) {
+          if (fractional) ((float *)in)[i] = frac_value(me, i);
+          else put(in, dt, i, small_value(me, i, rop));
+        }
+        tcc_op_opts_t opts = {.premul_factor = 0.5};
+        tcc_result_t r = RUN(tcc_reduce(comm, host_buf(in, count, dt), host_buf(out, count, dt), rop, root, &opts, &op));
+        CHECK(r == TCC_OK, "%s: reduce %s %s count %zu to %d: %s", spec, tcc_dtype_name(dt), tcc_redop_name(rop),
+              count, root, tcc_last_error());
+        const sum_order_t order = order_of(n, is_hybrid(comm) && hosts_uniform(n) && count * es >= HIER_BYTES);
+        size_t bad = 0;
+        for (size_t i = 0; i < count && r == TCC_OK && me == root; i++) {
+          if (fractional) {
+            float want = ordered_sum(&order, i);
+            if (memcmp(&((float *)out)[i], &want, sizeof want) != 0 && bad++ < 3)
+              CHECK(0, "%s: reduce fractional sum of %zu to %d: element %zu is %.9g, expected %.9g", spec, count,
+                    root, i, ((float *)out)[i], want);
+            continue;
+          }
+          double want = ref_value(n, i, dt, rop, 0.5);
+          if (get(out, dt, i) != want && bad++ < 3)
+            CHECK(0, "%s: reduce %s %s count %zu to %d: element %zu is %g, expected %g", spec, tcc_dtype_name(dt),
+                  tcc_redop_name(rop), count, root, i, get(out, dt, i), want);
+        }
+        if (me != root && count > 0)
+          CHECK((unsigned char)out[0] == 0x5a, "%s: reduce to %d wrote rank %d's output", spec, root, me);
+        free(in);
+        free(out);
+      }
+}
+
 /* allgather around the hierarchical threshold (HIER_GATHER_BYTES of
  * output), out of place and in place, every element of every block checked. */
 static void test_allgather_and_p2p(tcc_comm_t *comm) {
@@ -366,6 +414,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_broadcast(comm);
   test_allgather_and_p2p(comm);
   test_reduce_scatter(comm);
+  test_reduce(comm);
   if (tcc_comm_size(comm) > 1) test_mismatch(comm);
   test_allreduce_ops(comm); /* still right after the mismatch */
 }

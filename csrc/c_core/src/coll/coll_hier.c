@@ -22,6 +22,9 @@
  *   rank on its own connections), then the host's ranks all-gather those,
  *   one host's blocks at a time. Each block crosses each link once,
  *   instead of once per rank of the other host.
+ * reduce, hosts with equal rank counts: every host reduces to its rank of
+ *   the root's local index, and those ranks reduce across hosts to the
+ *   root. Each host's link carries the message once.
  * reduce_scatter, hosts with equal rank counts: for each host h, the
  *   host's ranks reduce-scatter the blocks destined for h's ranks (local
  *   rank l gets its host's sum of the block of h's rank l), then each rank
@@ -31,9 +34,9 @@
  * Every element is reduced in one fixed order on every rank: over the
  * ranks of its host in rank order, then over the hosts in the order of
  * their lowest rank, so every rank gets the same bits. Hierarchical
- * allgather and reduce_scatter need hosts of equal rank counts (each rank
- * has a partner of its local index on every host); on uneven hosts they
- * run flat. Reductions whose
+ * allgather, reduce and reduce_scatter need hosts of equal rank counts
+ * (each rank has a partner of its local index on every host); on uneven
+ * hosts they run flat. Reductions whose
  * result would change with a second rounding (float16/bfloat16, which
  * accumulate in float32 and round once) or that divide once at the end
  * (AVG) run flat, as do small messages, where the phases' latency costs
@@ -79,6 +82,7 @@ bool tcc__coll_hier_chosen(const tcc_comm_t *comm, const tcc_coll_t *c) {
     case TCC_COLL_ALLREDUCE: return reduction_stages(c);
     case TCC_COLL_BROADCAST: return true;
     case TCC_COLL_ALLGATHER: return comm->topo->uniform && op_bytes(comm, c) >= HIER_MIN_GATHER_BYTES;
+    case TCC_COLL_REDUCE:
     case TCC_COLL_REDUCE_SCATTER: return comm->topo->uniform && reduction_stages(c);
     default: return false;
   }
@@ -89,6 +93,8 @@ const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c
   if (c->kind == TCC_COLL_ALLGATHER) return "hierarchical allgather (across hosts by local index, then each host's blocks within the host)";
   if (c->kind == TCC_COLL_REDUCE_SCATTER)
     return "hierarchical reduce-scatter (each host's blocks within the host, then across hosts by local index)";
+  if (c->kind == TCC_COLL_REDUCE)
+    return "hierarchical reduce (within each host to the root's local index, then across hosts to the root)";
   return comm->topo->uniform ? "hierarchical allreduce (host reduce-scatter, cross-host allreduce, host all-gather)"
                              : "hierarchical allreduce (host reduce, leaders' allreduce, host broadcast)";
 }
@@ -413,6 +419,28 @@ static tcc_result_t reduce_scatter(tcc_comm_t *comm, const tcc_coll_t *c, uint64
   return r;
 }
 
+static tcc_result_t reduce(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline, tcc_err_t *err) {
+  const tcc__topology_t *t = comm->topo;
+  const int gather_at = t->local_index[c->root]; /* on every host */
+  const bool collects = t->local->rank == gather_at;
+  void *sum = c->recv; /* the root's output; the other collectors' partials */
+  if (collects && comm->rank != c->root) {
+    sum = partials(comm, c->count * tcc_dtype_size(c->dtype));
+    if (!sum && c->count > 0)
+      return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm reduce #%llu on '%s' (rank %d): out of memory",
+                          (unsigned long long)seq, comm->name, comm->rank);
+  }
+  tcc_coll_t host = reduction(TCC_COLL_REDUCE, c, c->redop, c->send, collects ? sum : NULL, c->count);
+  host.root = gather_at;
+  tcc_result_t r = phase(t->local, &host, seq, deadline, err);
+  if (r != TCC_OK || !collects) return r;
+  /* The collectors' view holds one rank per host, in host order. */
+  tcc_coll_t hosts = reduction(TCC_COLL_REDUCE, c, later_op(c->redop), sum, comm->rank == c->root ? sum : NULL,
+                               c->count);
+  hosts.root = t->host_of[c->root];
+  return phase(t->cross, &hosts, seq, deadline, err);
+}
+
 tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                 tcc_err_t *err) {
   tcc_result_t r = tcc__coll_stream_agree(comm, c, seq, deadline_ns, err);
@@ -425,6 +453,7 @@ tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t 
   if (staged.kind == TCC_COLL_BROADCAST) r = broadcast(comm, &staged, seq, deadline_ns, err);
   else if (staged.kind == TCC_COLL_ALLGATHER) r = allgather(comm, &staged, seq, deadline_ns, err);
   else if (staged.kind == TCC_COLL_REDUCE_SCATTER) r = reduce_scatter(comm, &staged, seq, deadline_ns, err);
+  else if (staged.kind == TCC_COLL_REDUCE) r = reduce(comm, &staged, seq, deadline_ns, err);
   else if (comm->topo->uniform) r = allreduce_by_shards(comm, &staged, seq, deadline_ns, err);
   else r = allreduce_by_leaders(comm, &staged, seq, deadline_ns, err);
   free(mem);
