@@ -36,17 +36,16 @@
  * their lowest rank, so every rank gets the same bits. Hierarchical
  * allgather, reduce and reduce_scatter need hosts of equal rank counts
  * (each rank has a partner of its local index on every host); on uneven
- * hosts they run flat. Reductions whose
- * result would change with a second rounding (float16/bfloat16, which
- * accumulate in float32 and round once) or that divide once at the end
- * (AVG) run flat, as do small messages, where the phases' latency costs
- * more than the network bytes they save, and the other collectives.
+ * hosts they run flat. Reductions whose result would change with a second
+ * rounding (float16/bfloat16, which accumulate in float32 and round once)
+ * or that divide once at the end (AVG) run flat, as do small messages,
+ * where the phases' latency costs more than the network bytes they save,
+ * and the other collectives.
  *
  * Every hierarchical collective starts with the flat descriptor exchange
  * (tcc__coll_stream_agree), the same one the flat algorithms start with,
  * so ranks that disagree on an op fail alike, before any phase runs.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,96 +118,6 @@ static tcc_coll_t reduction(tcc_coll_kind_t kind, const tcc_coll_t *c, tcc_redop
  * already multiplied by PREMUL_SUM's factor. */
 static tcc_redop_t later_op(tcc_redop_t op) { return op == TCC_PREMUL_SUM ? TCC_SUM : op; }
 
-/* ---- the cross-host phases on a thread of their own ---------------------- */
-
-/* Runs one cross-host phase at a time for the thread that runs the local
- * phases, so that the link and the shared-memory work overlap. */
-struct tcc__hier_pipe {
-  pthread_t thread;
-  pthread_mutex_t lock;
-  pthread_cond_t cv;
-  tcc_comm_t *cross;
-  bool posted, done, stop;
-  tcc_coll_t job;
-  uint64_t seq;
-  int64_t deadline;
-  tcc_result_t result;
-  tcc_err_t err;
-};
-
-static void *pipe_main(void *arg) {
-  tcc__hier_pipe_t *p = arg;
-  pthread_mutex_lock(&p->lock);
-  for (;;) {
-    while (!p->posted && !p->stop) pthread_cond_wait(&p->cv, &p->lock);
-    if (p->stop) break;
-    p->posted = false;
-    tcc_coll_t job = p->job;
-    tcc_err_t err = {TCC_OK, {0}};
-    pthread_mutex_unlock(&p->lock);
-    tcc_result_t r = tcc__coll_run(p->cross, &job, p->seq, p->deadline, &err);
-    pthread_mutex_lock(&p->lock);
-    p->result = r;
-    p->err = err;
-    p->done = true;
-    pthread_cond_broadcast(&p->cv);
-  }
-  pthread_mutex_unlock(&p->lock);
-  return NULL;
-}
-
-/* The communicator's pipe, started on first use (NULL: no thread). */
-static tcc__hier_pipe_t *pipe_of(tcc_comm_t *comm) {
-  tcc__coll_scratch_t *s = coll_scratch_of(comm);
-  if (s->pipe) return s->pipe;
-  tcc__hier_pipe_t *p = calloc(1, sizeof *p);
-  if (!p) return NULL;
-  p->cross = comm->topo->cross;
-  pthread_mutex_init(&p->lock, NULL);
-  pthread_cond_init(&p->cv, NULL);
-  if (pthread_create(&p->thread, NULL, pipe_main, p) != 0) {
-    pthread_mutex_destroy(&p->lock);
-    pthread_cond_destroy(&p->cv);
-    free(p);
-    return NULL;
-  }
-  s->pipe = p;
-  return p;
-}
-
-void tcc__hier_pipe_free(tcc__hier_pipe_t *p) {
-  if (!p) return;
-  pthread_mutex_lock(&p->lock);
-  p->stop = true;
-  pthread_cond_broadcast(&p->cv);
-  pthread_mutex_unlock(&p->lock);
-  pthread_join(p->thread, NULL);
-  pthread_mutex_destroy(&p->lock);
-  pthread_cond_destroy(&p->cv);
-  free(p);
-}
-
-static void pipe_post(tcc__hier_pipe_t *p, const tcc_coll_t *job, uint64_t seq, int64_t deadline) {
-  pthread_mutex_lock(&p->lock);
-  p->job = *job;
-  p->seq = seq;
-  p->deadline = deadline;
-  p->done = false;
-  p->posted = true;
-  pthread_cond_broadcast(&p->cv);
-  pthread_mutex_unlock(&p->lock);
-}
-
-/* The posted phase's result (its message into err when it failed). */
-static tcc_result_t pipe_wait(tcc__hier_pipe_t *p, tcc_err_t *err) {
-  pthread_mutex_lock(&p->lock);
-  while (!p->done) pthread_cond_wait(&p->cv, &p->lock);
-  const tcc_result_t r = p->result;
-  if (r != TCC_OK) tcc__err_set(err, r, "%s", p->err.msg);
-  pthread_mutex_unlock(&p->lock);
-  return r;
-}
-
 /* ---- allreduce --------------------------------------------------------- */
 
 /* Segment k of the sharded allreduce: the same sub-range [off, off+len) of
@@ -255,7 +164,7 @@ static tcc_result_t shards_in_segments(tcc_comm_t *comm, const tcc_coll_t *c, si
   const size_t es = tcc_dtype_size(c->dtype), whole = shard * (size_t)comm->topo->local->size * es;
   const size_t nseg = whole >= 2 * HIER_SEGMENT_BYTES ? (whole + HIER_SEGMENT_BYTES - 1) / HIER_SEGMENT_BYTES : 1;
   const size_t sub = (shard + nseg - 1) / nseg;
-  tcc__hier_pipe_t *pipe = nseg > 1 ? pipe_of(comm) : NULL;
+  tcc__hier_pipe_t *pipe = nseg > 1 ? tcc__hier_pipe_of(comm) : NULL;
   tcc_result_t r = TCC_OK;
   bool in_flight = false;
   shard_segment_t prev = {0, 0};
@@ -271,12 +180,12 @@ static tcc_result_t shards_in_segments(tcc_comm_t *comm, const tcc_coll_t *c, si
       continue;
     }
     if (in_flight) {
-      tcc_result_t done = pipe_wait(pipe, err);
+      tcc_result_t done = tcc__hier_pipe_wait(pipe, err);
       in_flight = false;
       if (r == TCC_OK) r = done;
     }
     if (r != TCC_OK) break;
-    pipe_post(pipe, &ar, seq, deadline);
+    tcc__hier_pipe_post(pipe, &ar, seq, deadline);
     in_flight = true;
     if (k > 0) {
       tcc_coll_t ag = segment_allgather(comm, c, shard, prev);
@@ -285,7 +194,7 @@ static tcc_result_t shards_in_segments(tcc_comm_t *comm, const tcc_coll_t *c, si
     prev = s;
   }
   if (in_flight) {
-    tcc_result_t done = pipe_wait(pipe, err); /* its buffers are the caller's: never left running */
+    tcc_result_t done = tcc__hier_pipe_wait(pipe, err); /* its buffers are the caller's: never left running */
     if (r == TCC_OK) r = done;
     if (r == TCC_OK) {
       tcc_coll_t ag = segment_allgather(comm, c, shard, prev);

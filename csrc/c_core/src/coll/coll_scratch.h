@@ -45,7 +45,14 @@ typedef struct tcc__coll_scratch {
   struct tcc__hier_pipe *pipe;
 } tcc__coll_scratch_t;
 
+/* hier_pipe.c: a thread that runs posted phases on comm's cross view. */
 typedef struct tcc__hier_pipe tcc__hier_pipe_t;
+/* The communicator's pipe, started on first use (NULL: no thread). */
+tcc__hier_pipe_t *tcc__hier_pipe_of(tcc_comm_t *comm);
+/* Hands `job` to the pipe's thread (nothing else in flight). */
+void tcc__hier_pipe_post(tcc__hier_pipe_t *p, const tcc_coll_t *job, uint64_t seq, int64_t deadline);
+/* Waits for the posted job: its result, its message into err on failure. */
+tcc_result_t tcc__hier_pipe_wait(tcc__hier_pipe_t *p, tcc_err_t *err);
 /* Stops and frees a communicator's pipe (NULL: nothing). */
 void tcc__hier_pipe_free(tcc__hier_pipe_t *p);
 

@@ -1,0 +1,97 @@
+/*
+ * hier_pipe.c - a thread that runs one phase at a time of a hierarchical
+ * collective on a view (coll_hier.c: the cross-host allreduce of a
+ * segment) while the thread that posted it runs other phases, so the link
+ * and shared memory work at the same time. Posts and waits alternate: one
+ * phase in flight at most.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "coll/coll_scratch.h"
+
+struct tcc__hier_pipe {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  tcc_comm_t *cross;
+  bool posted, done, stop;
+  tcc_coll_t job;
+  uint64_t seq;
+  int64_t deadline;
+  tcc_result_t result;
+  tcc_err_t err;
+};
+
+static void *pipe_main(void *arg) {
+  tcc__hier_pipe_t *p = arg;
+  pthread_mutex_lock(&p->lock);
+  for (;;) {
+    while (!p->posted && !p->stop) pthread_cond_wait(&p->cv, &p->lock);
+    if (p->stop) break;
+    p->posted = false;
+    const tcc_coll_t job = p->job;
+    const uint64_t seq = p->seq;
+    const int64_t deadline = p->deadline;
+    tcc_err_t err = {TCC_OK, {0}};
+    pthread_mutex_unlock(&p->lock);
+    tcc_result_t r = tcc__coll_run(p->cross, &job, seq, deadline, &err);
+    pthread_mutex_lock(&p->lock);
+    p->result = r;
+    p->err = err;
+    p->done = true;
+    pthread_cond_broadcast(&p->cv);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return NULL;
+}
+
+tcc__hier_pipe_t *tcc__hier_pipe_of(tcc_comm_t *comm) {
+  tcc__coll_scratch_t *s = coll_scratch_of(comm);
+  if (s->pipe) return s->pipe;
+  tcc__hier_pipe_t *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->cross = comm->topo->cross;
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  if (pthread_create(&p->thread, NULL, pipe_main, p) != 0) {
+    pthread_mutex_destroy(&p->lock);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+    return NULL;
+  }
+  s->pipe = p;
+  return p;
+}
+
+void tcc__hier_pipe_free(tcc__hier_pipe_t *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->lock);
+  p->stop = true;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->lock);
+  pthread_join(p->thread, NULL);
+  pthread_mutex_destroy(&p->lock);
+  pthread_cond_destroy(&p->cv);
+  free(p);
+}
+
+void tcc__hier_pipe_post(tcc__hier_pipe_t *p, const tcc_coll_t *job, uint64_t seq, int64_t deadline) {
+  pthread_mutex_lock(&p->lock);
+  p->job = *job;
+  p->seq = seq;
+  p->deadline = deadline;
+  p->done = false;
+  p->posted = true;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->lock);
+}
+
+tcc_result_t tcc__hier_pipe_wait(tcc__hier_pipe_t *p, tcc_err_t *err) {
+  pthread_mutex_lock(&p->lock);
+  while (!p->done) pthread_cond_wait(&p->cv, &p->lock);
+  const tcc_result_t r = p->result;
+  if (r != TCC_OK) tcc__err_set(err, r, "%s", p->err.msg);
+  pthread_mutex_unlock(&p->lock);
+  return r;
+}
