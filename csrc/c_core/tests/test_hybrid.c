@@ -11,11 +11,15 @@
  * of their lowest rank), bit for bit on every rank.
  */
 #include <math.h>
+#include <dirent.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +33,9 @@
 #define HIER_GATHER_BYTES (256u << 10)
 /* Sharded allreduces of two of these or more run in pipelined segments. */
 #define HIER_SEGMENT_BYTES (4u << 20)
+/* all-to-alls whose blocks are all below this go through the hosts' leaders
+ * (coll/coll_hier_alltoall.c). */
+#define AGG_MAX_BLOCK_BYTES (2u << 10)
 
 static const char *spec; /* the layout of the group being run */
 
@@ -391,6 +398,82 @@ static void test_allgather_and_p2p(tcc_comm_t *comm) {
   }
 }
 
+/* ---- all-to-all ---------------------------------------------------------- */
+
+/* Bytes this process has sent on all its TCP connections (TCP_INFO), so a
+ * test can tell which ranks' data crossed TCP. */
+static uint64_t tcp_bytes_sent(void) {
+  uint64_t sum = 0;
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL) {
+    struct tcp_info info;
+    socklen_t len = sizeof info;
+    memset(&info, 0, sizeof info);
+    if (getsockopt(atoi(e->d_name), IPPROTO_TCP, TCP_INFO, &info, &len) == 0) sum += info.tcpi_bytes_sent;
+  }
+  if (d) closedir(d);
+  return sum;
+}
+
+/* Elements rank i sends rank j at a scale: uneven, some empty. */
+static size_t a2a_count(int i, int j, size_t scale) {
+  if (scale == 0 || (i + 2 * j) % 4 == 3) return 0;
+  return scale + (size_t)((i * 5 + j * 3) % 7);
+}
+
+static int32_t a2a_value(int i, int j, size_t k) { return (int32_t)((size_t)i * 1000003u + (size_t)j * 7919u + k); }
+
+/* all_to_all_v with uneven and empty blocks, on both sides of the block
+ * size that decides aggregation, in place and not: every element checked.
+ * A rank other than its host's leader sends its data over shared memory
+ * when the blocks are aggregated, over TCP otherwise: its TCP byte count
+ * says which way the op went. */
+static void test_alltoall(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  bool leader = true;
+  for (int r = 0; r < me; r++) leader &= group_fake_host(spec, r) != group_fake_host(spec, me);
+  const size_t agg_edge = AGG_MAX_BLOCK_BYTES / 4 - 7; /* the largest block at this scale is just below */
+  const size_t scales[] = {0, 1, 100, agg_edge, agg_edge + 1, 20000};
+  for (size_t si = 0; si < sizeof scales / sizeof *scales; si++)
+    for (int inplace = 0; inplace < 2; inplace++) {
+      const size_t scale = scales[si];
+      tcc_buf_t sends[8], recvs[8];
+      int32_t *in[8], *out[8];
+      size_t max_block = 0, off_me = 0;
+      for (int j = 0; j < n; j++) {
+        const size_t cs = a2a_count(me, j, scale), cr = a2a_count(j, me, scale);
+        in[j] = malloc(cs * 4 + 1);
+        out[j] = inplace && j == me ? in[j] : malloc(cr * 4 + 1);
+        for (size_t k = 0; k < cs; k++) in[j][k] = a2a_value(me, j, k);
+        for (size_t k = 0; k < cr && out[j] != in[j]; k++) out[j][k] = -1;
+        sends[j] = host_buf(in[j], cs, TCC_INT32);
+        recvs[j] = host_buf(out[j], cr, TCC_INT32);
+        if (j != me) off_me += cs * 4;
+        for (int i = 0; i < n; i++) max_block = a2a_count(i, j, scale) > max_block ? a2a_count(i, j, scale) : max_block;
+      }
+      const uint64_t tcp0 = tcp_bytes_sent();
+      tcc_result_t r = RUN(tcc_alltoall(comm, sends, recvs, NULL, &op));
+      const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
+      CHECK(r == TCC_OK, "%s: alltoall scale %zu: %s", spec, scale, tcc_last_error());
+      size_t bad = 0;
+      for (int j = 0; j < n && r == TCC_OK; j++)
+        for (size_t k = 0; k < a2a_count(j, me, scale); k++)
+          if (out[j][k] != a2a_value(j, me, k) && bad++ < 3)
+            CHECK(0, "%s: alltoall scale %zu%s: element %zu from rank %d is %d", spec, scale,
+                  inplace ? " in place" : "", k, j, out[j][k]);
+      const bool aggregated = max_block * 4 < AGG_MAX_BLOCK_BYTES;
+      if (r == TCC_OK && !leader && scale >= 100 && is_hybrid(comm))
+        CHECK(aggregated ? tcp_sent < off_me : tcp_sent >= off_me,
+              "%s: alltoall scale %zu: rank %d sent %llu bytes over TCP for %zu bytes of data (%s expected)", spec,
+              scale, me, (unsigned long long)tcp_sent, off_me, aggregated ? "aggregated" : "direct");
+      for (int j = 0; j < n; j++) {
+        if (out[j] != in[j]) free(out[j]);
+        free(in[j]);
+      }
+    }
+}
+
 /* Ranks that disagree on a hierarchical allreduce fail alike, and the
  * group stays usable. */
 static void test_mismatch(tcc_comm_t *comm) {
@@ -415,6 +498,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_allgather_and_p2p(comm);
   test_reduce_scatter(comm);
   test_reduce(comm);
+  test_alltoall(comm);
   if (tcc_comm_size(comm) > 1) test_mismatch(comm);
   test_allreduce_ops(comm); /* still right after the mismatch */
 }

@@ -25,6 +25,7 @@
  * reduce, hosts with equal rank counts: every host reduces to its rank of
  *   the root's local index, and those ranks reduce across hosts to the
  *   root. Each host's link carries the message once.
+ * alltoall: coll_hier_alltoall.c.
  * reduce_scatter, hosts with equal rank counts: for each host h, the
  *   host's ranks reduce-scatter the blocks destined for h's ranks (local
  *   rank l gets its host's sum of the block of h's rank l), then each rank
@@ -76,6 +77,8 @@ static size_t op_bytes(const tcc_comm_t *comm, const tcc_coll_t *c) {
 }
 
 bool tcc__coll_hier_chosen(const tcc_comm_t *comm, const tcc_coll_t *c) {
+  /* all-to-all chooses by its blocks, once every rank's counts are known */
+  if (comm->topo && c->kind == TCC_COLL_ALLTOALL) return true;
   if (!comm->topo || op_bytes(comm, c) < HIER_MIN_BYTES) return false;
   switch (c->kind) {
     case TCC_COLL_ALLREDUCE: return reduction_stages(c);
@@ -88,6 +91,8 @@ bool tcc__coll_hier_chosen(const tcc_comm_t *comm, const tcc_coll_t *c) {
 }
 
 const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c) {
+  if (c->kind == TCC_COLL_ALLTOALL)
+    return "all-to-all aggregated per host through leaders when every block is small, else direct between ranks";
   if (c->kind == TCC_COLL_BROADCAST) return "hierarchical broadcast (host, leaders, hosts)";
   if (c->kind == TCC_COLL_ALLGATHER) return "hierarchical allgather (across hosts by local index, then each host's blocks within the host)";
   if (c->kind == TCC_COLL_REDUCE_SCATTER)
@@ -352,7 +357,8 @@ static tcc_result_t reduce(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, 
 
 tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                 tcc_err_t *err) {
-  tcc_result_t r = tcc__coll_stream_agree(comm, c, seq, deadline_ns, err);
+  if (c->kind == TCC_COLL_ALLTOALL) return tcc__coll_hier_alltoall(comm, c, seq, deadline_ns, err);
+  tcc_result_t r = tcc__coll_stream_agree(comm, c, seq, deadline_ns, NULL, err);
   if (r != TCC_OK) return r;
   tcc_coll_t staged;
   void *mem = NULL;

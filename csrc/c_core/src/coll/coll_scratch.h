@@ -94,15 +94,22 @@ tcc_result_t tcc__coll_stream_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
  * on a failed communicator, every rank's descriptor checked by every rank,
  * the root's range), alone: the hierarchical algorithms begin with it, so
  * ranks that disagree fail alike before any phase runs, whichever
- * algorithm each of them chose. */
+ * algorithm each of them chose. For an all-to-all, send_matrix (NULL, or
+ * size x size entries) gets every rank's accepted send counts:
+ * send_matrix[i * size + j] elements go from rank i to rank j. */
 tcc_result_t tcc__coll_stream_agree(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
-                                    tcc_err_t *err);
+                                    uint64_t *send_matrix, tcc_err_t *err);
+/* The rest of tcc__coll_stream_run, after tcc__coll_stream_agree accepted c. */
+tcc_result_t tcc__coll_stream_run_agreed(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                                         tcc_err_t *err);
 /* coll_hier.c: collectives on groups that span hosts (comm->topo), in
- * phases on its views. */
+ * phases on its views; coll_hier_alltoall.c: their all-to-all. */
 bool tcc__coll_hier_chosen(const tcc_comm_t *comm, const tcc_coll_t *c);
 const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c);
 tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                 tcc_err_t *err);
+tcc_result_t tcc__coll_hier_alltoall(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                                     tcc_err_t *err);
 
 /* coll_staged.c: whether a reduction of `bytes` goes one-shot (every rank
  * reduces everything) rather than pipelined, given the spans' one-shot limit. */

@@ -48,9 +48,10 @@ static tcc_result_t fail_nomem(const stream_xfer_t *x, tcc_err_t *err) {
 
 /* Receives every peer's frame, checks it is one, then the descriptor
  * tails. descs[j] gets a zero-padded buffer at least as long as this
- * rank's own descriptor, so the check may compare field by field. */
+ * rank's own descriptor, so the check may compare field by field. An
+ * all-to-all's accepted counts go into send_matrix when it is not NULL. */
 static tcc_result_t exchange_descs(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline,
-                                   tcc_err_t *err) {
+                                   uint64_t *send_matrix, tcc_err_t *err) {
   int n = x->comm->size, me = x->comm->rank;
   const size_t head = sizeof(tcc_coll_desc_t);
   size_t mine_len = tcc__coll_desc_bytes(c->kind, n);
@@ -114,6 +115,9 @@ static tcc_result_t exchange_descs(stream_xfer_t *x, const tcc_coll_t *c, int64_
   }
   if ((r = tcc__stream_xfer_run(x, deadline, err)) != TCC_OK) goto out;
   r = tcc__coll_desc_check(x->comm, c, descs, err);
+  if (r == TCC_OK && send_matrix && c->kind == TCC_COLL_ALLTOALL)
+    for (int j = 0; j < n; j++) /* each rank's send counts follow its descriptor's head */
+      memcpy(send_matrix + (size_t)j * (size_t)n, (const uint8_t *)descs[j] + head, (size_t)n * sizeof(uint64_t));
 out:
   free(mine);
   free(frames);
@@ -266,7 +270,8 @@ static bool has_root(tcc_coll_kind_t kind) {
 
 /* The start every collective over streams shares: not run on a failed
  * communicator, the descriptor exchange, the root's range. */
-static tcc_result_t agree(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline_ns, tcc_err_t *err) {
+static tcc_result_t agree(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline_ns, uint64_t *send_matrix,
+                          tcc_err_t *err) {
   tcc_comm_t *comm = x->comm;
   char pre[160];
   tcc__stream_xfer_prefix(x, pre, sizeof(pre));
@@ -275,42 +280,49 @@ static tcc_result_t agree(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadlin
     tcc__comm_failure(comm, cause, sizeof cause);
     return tcc__err_set(err, TCC_ERR_ABORTED, "%s: not run: %.300s", pre, cause);
   }
-  tcc_result_t r = exchange_descs(x, c, deadline_ns, err);
+  tcc_result_t r = exchange_descs(x, c, deadline_ns, send_matrix, err);
   /* after the exchange, so all ranks (which agree on the root) fail alike */
   if (r == TCC_OK && has_root(c->kind) && (c->root < 0 || c->root >= comm->size))
     r = tcc__err_set(err, TCC_ERR_INVALID, "%s: root %d out of range [0, %d)", pre, c->root, comm->size);
   return r;
 }
 
-tcc_result_t tcc__coll_stream_agree(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
-                                    tcc_err_t *err) {
+/* The parts of a collective over streams: the agreement (send_matrix as in
+ * tcc__coll_stream_agree), the data (inputs snapshotted where they overlap
+ * outputs), or both. */
+typedef enum { PART_AGREE = 1, PART_DATA = 2 } stream_part_t;
+
+static tcc_result_t run_parts(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns, int parts,
+                              uint64_t *send_matrix, tcc_err_t *err) {
   stream_link_t *links = calloc((size_t)comm->size, sizeof(*links));
   stream_xfer_t x = {.comm = comm, .what = tcc__coll_name(c->kind), .phase = "start", .seq = seq, .links = links};
   if (!links) return fail_nomem(&x, err);
-  tcc_result_t r = agree(&x, c, deadline_ns, err);
+  tcc_result_t r = parts & PART_AGREE ? agree(&x, c, deadline_ns, send_matrix, err) : TCC_OK;
+  if (r == TCC_OK && (parts & PART_DATA)) {
+    tcc_coll_t staged;
+    void *mem = NULL;
+    if (!tcc__coll_snapshot_inputs(c, comm->size, comm->rank, &staged, &mem)) {
+      r = fail_nomem(&x, err);
+    } else {
+      r = run_data(&x, &staged, deadline_ns, err);
+      free(mem);
+    }
+  }
   free(links);
   return r;
 }
 
+tcc_result_t tcc__coll_stream_agree(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                                    uint64_t *send_matrix, tcc_err_t *err) {
+  return run_parts(comm, c, seq, deadline_ns, PART_AGREE, send_matrix, err);
+}
+
+tcc_result_t tcc__coll_stream_run_agreed(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
+                                         tcc_err_t *err) {
+  return run_parts(comm, c, seq, deadline_ns, PART_DATA, NULL, err);
+}
+
 tcc_result_t tcc__coll_stream_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                   tcc_err_t *err) {
-  const int n = comm->size;
-  stream_link_t *links = calloc((size_t)n, sizeof(*links));
-  stream_xfer_t x = {.comm = comm, .what = tcc__coll_name(c->kind), .phase = "start", .seq = seq, .links = links};
-  char pre[160];
-  tcc__stream_xfer_prefix(&x, pre, sizeof(pre));
-  if (!links) return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
-  tcc_result_t r = agree(&x, c, deadline_ns, err);
-  if (r == TCC_OK) {
-    tcc_coll_t staged;
-    void *mem = NULL;
-    if (!tcc__coll_snapshot_inputs(c, n, comm->rank, &staged, &mem)) {
-      free(links);
-      return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
-    }
-    r = run_data(&x, &staged, deadline_ns, err);
-    free(mem);
-  }
-  free(links);
-  return r;
+  return run_parts(comm, c, seq, deadline_ns, PART_AGREE | PART_DATA, NULL, err);
 }
