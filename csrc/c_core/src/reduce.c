@@ -469,6 +469,26 @@ static const reduce_kernel_fn *choose_kernels(void) {
   return kernels_generic;
 }
 
+#define AVERAGE(K, T)                                          \
+  do {                                                         \
+    T *p = buf;                                                \
+    for (size_t i = 0; i < count; i++) p[i] = finish_##K(p[i], TCC_AVG, n); \
+  } while (0)
+
+void tcc__reduce_average(void *buf, size_t count, tcc_dtype_t dtype, int n) {
+  if (n <= 0) return;
+  switch (dtype) {
+    case TCC_FLOAT32: AVERAGE(f32, float); break;
+    case TCC_FLOAT64: AVERAGE(f64, double); break;
+    case TCC_INT8: AVERAGE(i8, int8_t); break;
+    case TCC_INT16: AVERAGE(i16, int16_t); break;
+    case TCC_INT32: AVERAGE(i32, int32_t); break;
+    case TCC_INT64: AVERAGE(i64, int64_t); break;
+    case TCC_UINT8: AVERAGE(u8, uint8_t); break;
+    default: break;
+  }
+}
+
 /* Chosen on first use; a race only makes two threads compute the same answer. */
 static _Atomic(const reduce_kernel_fn *) active_kernels;
 

@@ -96,6 +96,7 @@ static void put(void *buf, tcc_dtype_t dt, size_t i, double v) {
     case TCC_FLOAT32: ((float *)buf)[i] = (float)v; break;
     case TCC_FLOAT64: ((double *)buf)[i] = v; break;
     case TCC_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case TCC_INT16: ((int16_t *)buf)[i] = (int16_t)v; break;
     case TCC_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case TCC_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
     case TCC_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
@@ -109,6 +110,7 @@ static double get(const void *buf, tcc_dtype_t dt, size_t i) {
     case TCC_FLOAT32: return ((const float *)buf)[i];
     case TCC_FLOAT64: return ((const double *)buf)[i];
     case TCC_INT8: return ((const int8_t *)buf)[i];
+    case TCC_INT16: return ((const int16_t *)buf)[i];
     case TCC_INT32: return ((const int32_t *)buf)[i];
     case TCC_INT64: return (double)((const int64_t *)buf)[i];
     case TCC_UINT8: return ((const uint8_t *)buf)[i];
@@ -125,7 +127,7 @@ static void test_allreduce_ops(tcc_comm_t *comm) {
       {TCC_FLOAT32, TCC_SUM}, {TCC_FLOAT64, TCC_SUM}, {TCC_INT32, TCC_SUM}, {TCC_INT8, TCC_SUM},
       {TCC_INT64, TCC_PRODUCT}, {TCC_FLOAT32, TCC_MIN}, {TCC_INT32, TCC_MAX}, {TCC_INT32, TCC_BAND},
       {TCC_UINT8, TCC_BOR}, {TCC_INT64, TCC_BXOR}, {TCC_FLOAT64, TCC_PREMUL_SUM}, {TCC_FLOAT32, TCC_AVG},
-      {TCC_INT32, TCC_AVG}, {TCC_BOOL, TCC_SUM}, {TCC_BOOL, TCC_MIN}};
+      {TCC_INT32, TCC_AVG}, {TCC_INT8, TCC_AVG}, {TCC_FLOAT64, TCC_AVG}, {TCC_BOOL, TCC_SUM}, {TCC_BOOL, TCC_MIN}};
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
     const tcc_dtype_t dt = cases[k].dt;
     const tcc_redop_t rop = cases[k].op;
@@ -204,6 +206,13 @@ static float ordered_sum(const sum_order_t *o, size_t i) {
   return want;
 }
 
+/* What a fractional SUM or AVG over order o gives for element i: AVG
+ * divides the sum once, in float32, as the flat AVG does. */
+static float ordered_result(const sum_order_t *o, size_t i, tcc_redop_t op, int n) {
+  const float sum = ordered_sum(o, i);
+  return op == TCC_AVG ? sum / (float)n : sum;
+}
+
 static bool is_hybrid(tcc_comm_t *comm) { return strcmp(tcc_comm_transport_name(comm), "shm+tcp") == 0; }
 
 /* Whether every host of the group has the same number of ranks. */
@@ -215,29 +224,31 @@ static bool hosts_uniform(int n) {
   return true;
 }
 
-/* Fractional sums bit for bit: at a hierarchical size that is not a
- * multiple of the ranks per host, and at sizes that run in pipelined
- * segments (exactly two, and two and a half plus an odd tail), in place
- * and out of place. */
+/* Fractional sums and averages bit for bit: at a hierarchical size that
+ * is not a multiple of the ranks per host, and at sizes that run in
+ * pipelined segments (exactly two, and two and a half plus an odd tail),
+ * in place and out of place. */
 static void test_sum_order(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   const size_t counts_[] = {70001, 2 * HIER_SEGMENT_BYTES / 4, 5 * HIER_SEGMENT_BYTES / 8 + 7};
+  for (int avg = 0; avg < 2; avg++)
   for (size_t ci = 0; ci < sizeof counts_ / sizeof *counts_; ci++)
     for (int inplace = 0; inplace < 2; inplace++) {
       const size_t count = counts_[ci];
+      const tcc_redop_t rop = avg ? TCC_AVG : TCC_SUM;
       float *buf = malloc(count * sizeof *buf), *out = malloc(count * sizeof *out);
       for (size_t i = 0; i < count; i++) buf[i] = frac_value(me, i);
       float *dst = inplace ? buf : out;
       tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(dst, count, TCC_FLOAT32),
-                                         TCC_SUM, NULL, &op));
+                                         rop, NULL, &op));
       CHECK(r == TCC_OK, "%s: fractional allreduce of %zu: %s", spec, count, tcc_last_error());
       const sum_order_t order = order_of(n, is_hybrid(comm));
       size_t bad = 0;
       for (size_t i = 0; i < count && r == TCC_OK; i++) {
-        float want = ordered_sum(&order, i);
+        float want = ordered_result(&order, i, rop, n);
         if (memcmp(&dst[i], &want, sizeof want) != 0 && bad++ < 3)
-          CHECK(0, "%s: fractional sum of %zu%s: element %zu is %.9g, expected %.9g (bit for bit)", spec, count,
-                inplace ? " in place" : "", i, dst[i], want);
+          CHECK(0, "%s: fractional %s of %zu%s: element %zu is %.9g, expected %.9g (bit for bit)", spec,
+                tcc_redop_name(rop), count, inplace ? " in place" : "", i, dst[i], want);
       }
       free(buf);
       free(out);
@@ -251,14 +262,14 @@ static void test_reduce_scatter(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   const struct { tcc_dtype_t dt; tcc_redop_t op; } cases[] = {
       {TCC_INT32, TCC_SUM}, {TCC_INT64, TCC_PRODUCT}, {TCC_FLOAT32, TCC_MAX}, {TCC_FLOAT64, TCC_PREMUL_SUM},
-      {TCC_UINT8, TCC_BXOR}, {TCC_FLOAT32, TCC_SUM}};
+      {TCC_UINT8, TCC_BXOR}, {TCC_INT16, TCC_AVG}, {TCC_FLOAT32, TCC_SUM}, {TCC_FLOAT32, TCC_AVG}};
   const size_t blocks[] = {0, 5, HIER_BYTES / 4 / 8, HIER_BYTES / 4 / (size_t)n + 3, 50001};
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
     for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++) {
       const tcc_dtype_t dt = cases[k].dt;
       const tcc_redop_t rop = cases[k].op;
       const size_t es = tcc_dtype_size(dt), count = blocks[bi], total = count * (size_t)n;
-      const bool fractional = k == sizeof cases / sizeof *cases - 1;
+      const bool fractional = dt == TCC_FLOAT32 && (rop == TCC_SUM || rop == TCC_AVG);
       char *in = malloc(total * es + 1), *out = malloc(count * es + 1);
       tcc_buf_t sends[8];
       for (size_t i = 0; i < total; i++) {
@@ -277,10 +288,10 @@ static void test_reduce_scatter(tcc_comm_t *comm) {
       for (size_t i = 0; i < count && r == TCC_OK; i++) {
         const size_t at = (size_t)me * count + i; /* the element of the input this one sums */
         if (fractional) {
-          float want = ordered_sum(&order, at);
+          float want = ordered_result(&order, at, rop, n);
           if (memcmp(&((float *)out)[i], &want, sizeof want) != 0 && bad++ < 3)
-            CHECK(0, "%s: reduce_scatter fractional sum, block %zu, element %zu is %.9g, expected %.9g", spec, count,
-                  i, ((float *)out)[i], want);
+            CHECK(0, "%s: reduce_scatter fractional %s, block %zu, element %zu is %.9g, expected %.9g", spec,
+                  tcc_redop_name(rop), count, i, ((float *)out)[i], want);
           continue;
         }
         double want = ref_value(n, at, dt, rop, 0.5);
@@ -320,7 +331,8 @@ static void test_broadcast(tcc_comm_t *comm) {
 static void test_reduce(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   const struct { tcc_dtype_t dt; tcc_redop_t op; } cases[] = {
-      {TCC_INT32, TCC_SUM}, {TCC_FLOAT64, TCC_PREMUL_SUM}, {TCC_FLOAT32, TCC_MIN}, {TCC_FLOAT32, TCC_SUM}};
+      {TCC_INT32, TCC_SUM}, {TCC_FLOAT64, TCC_PREMUL_SUM}, {TCC_FLOAT32, TCC_MIN}, {TCC_INT64, TCC_AVG},
+      {TCC_FLOAT32, TCC_SUM}, {TCC_FLOAT32, TCC_AVG}};
   const size_t counts_[] = {0, 5, HIER_BYTES / 4 - 1, HIER_BYTES / 4 + 3, 100003};
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
     for (size_t ci = 0; ci < sizeof counts_ / sizeof *counts_; ci++)
@@ -328,7 +340,7 @@ static void test_reduce(tcc_comm_t *comm) {
         const tcc_dtype_t dt = cases[k].dt;
         const tcc_redop_t rop = cases[k].op;
         const size_t es = tcc_dtype_size(dt), count = counts_[ci];
-        const bool fractional = k == sizeof cases / sizeof *cases - 1;
+        const bool fractional = dt == TCC_FLOAT32 && (rop == TCC_SUM || rop == TCC_AVG);
         char *in = malloc(count * es + 1), *out = malloc(count * es + 1);
         memset(out, 0x5a, count * es + 1);
         for (size_t i = 0; i < count; i++) {
@@ -343,10 +355,10 @@ static void test_reduce(tcc_comm_t *comm) {
         size_t bad = 0;
         for (size_t i = 0; i < count && r == TCC_OK && me == root; i++) {
           if (fractional) {
-            float want = ordered_sum(&order, i);
+            float want = ordered_result(&order, i, rop, n);
             if (memcmp(&((float *)out)[i], &want, sizeof want) != 0 && bad++ < 3)
-              CHECK(0, "%s: reduce fractional sum of %zu to %d: element %zu is %.9g, expected %.9g", spec, count,
-                    root, i, ((float *)out)[i], want);
+              CHECK(0, "%s: reduce fractional %s of %zu to %d: element %zu is %.9g, expected %.9g", spec,
+                    tcc_redop_name(rop), count, root, i, ((float *)out)[i], want);
             continue;
           }
           double want = ref_value(n, i, dt, rop, 0.5);

@@ -34,12 +34,13 @@
  *
  * Every element is reduced in one fixed order on every rank: over the
  * ranks of its host in rank order, then over the hosts in the order of
- * their lowest rank, so every rank gets the same bits. Hierarchical
+ * their lowest rank, so every rank gets the same bits. AVG sums in that
+ * order and divides once, where the sum is complete. Hierarchical
  * allgather, reduce and reduce_scatter need hosts of equal rank counts
  * (each rank has a partner of its local index on every host); on uneven
  * hosts they run flat. Reductions whose result would change with a second
  * rounding (float16/bfloat16, which accumulate in float32 and round once)
- * or that divide once at the end (AVG) run flat, as do small messages,
+ * run flat, as do small messages,
  * where the phases' latency costs more than the network bytes they save,
  * and the other collectives.
  *
@@ -64,9 +65,7 @@
  * cross-host phase of one overlapping the host phases of its neighbours. */
 #define HIER_SEGMENT_BYTES (4u << 20)
 
-static bool reduction_stages(const tcc_coll_t *c) {
-  return c->dtype != TCC_FLOAT16 && c->dtype != TCC_BFLOAT16 && c->redop != TCC_AVG;
-}
+static bool reduction_stages(const tcc_coll_t *c) { return c->dtype != TCC_FLOAT16 && c->dtype != TCC_BFLOAT16; }
 
 /* The size the choice goes by: a rank's input (allreduce, broadcast,
  * reduce_scatter) or output (allgather). */
@@ -112,16 +111,23 @@ static tcc_result_t phase(tcc_comm_t *view, const tcc_coll_t *c, uint64_t seq, i
   return view ? tcc__coll_run(view, c, seq, deadline, err) : TCC_OK;
 }
 
-/* A phase's collective: c's dtype and PREMUL_SUM factor, root 0. */
+/* A phase's collective: c's dtype and PREMUL_SUM factor, root 0. AVG's
+ * phases sum; the rank that ends with a sum divides it once (average). */
 static tcc_coll_t reduction(tcc_coll_kind_t kind, const tcc_coll_t *c, tcc_redop_t redop, void *send, void *recv,
                             size_t count) {
-  return (tcc_coll_t){.kind = kind, .dtype = c->dtype, .redop = redop, .premul = c->premul,
-                      .count = count, .send = send, .recv = recv};
+  return (tcc_coll_t){.kind = kind, .dtype = c->dtype, .redop = redop == TCC_AVG ? TCC_SUM : redop,
+                      .premul = c->premul, .count = count, .send = send, .recv = recv};
+}
+
+/* AVG's division of a finished sum, by the group's size, as a flat AVG
+ * divides its sum. */
+static void average(const tcc_comm_t *comm, const tcc_coll_t *c, void *sum, size_t count) {
+  if (c->redop == TCC_AVG) tcc__reduce_average(sum, count, c->dtype, comm->size);
 }
 
 /* The op the phases after the first apply: they combine partial results,
  * already multiplied by PREMUL_SUM's factor. */
-static tcc_redop_t later_op(tcc_redop_t op) { return op == TCC_PREMUL_SUM ? TCC_SUM : op; }
+static tcc_redop_t later_op(tcc_redop_t op) { return op == TCC_PREMUL_SUM || op == TCC_AVG ? TCC_SUM : op; }
 
 /* ---- allreduce --------------------------------------------------------- */
 
@@ -149,14 +155,18 @@ static tcc_coll_t segment_allreduce(const tcc_comm_t *comm, const tcc_coll_t *c,
   return reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), mine, mine, s.len);
 }
 
-static tcc_coll_t segment_allgather(const tcc_comm_t *comm, const tcc_coll_t *c, size_t shard, shard_segment_t s) {
+/* The host's all-gather of segment s, this rank's part (its shard's sum
+ * across hosts) finished first. */
+static tcc_result_t allgather_segment(tcc_comm_t *comm, const tcc_coll_t *c, size_t shard, shard_segment_t s,
+                                      uint64_t seq, int64_t deadline, tcc_err_t *err) {
   const int L = comm->topo->local->size, l = comm->topo->local->rank;
   const size_t es = tcc_dtype_size(c->dtype);
-  void **parts = (void **)coll_scratch_of((tcc_comm_t *)comm)->part_out;
+  void **parts = (void **)coll_scratch_of(comm)->part_out;
   for (int j = 0; j < L; j++) parts[j] = at(c->recv, ((size_t)j * shard + s.off) * es);
+  average(comm, c, parts[l], s.len);
   tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, c, c->redop, parts[l], NULL, s.len);
   ag.recvs = parts;
-  return ag;
+  return phase(comm->topo->local, &ag, seq, deadline, err);
 }
 
 /* The shards' main part in segments, the cross-host allreduce of segment k
@@ -180,8 +190,7 @@ static tcc_result_t shards_in_segments(tcc_comm_t *comm, const tcc_coll_t *c, si
     tcc_coll_t ar = segment_allreduce(comm, c, shard, s);
     if (!pipe) {
       if (r == TCC_OK) r = phase(comm->topo->cross, &ar, seq, deadline, err);
-      tcc_coll_t ag = segment_allgather(comm, c, shard, s);
-      if (r == TCC_OK) r = phase(comm->topo->local, &ag, seq, deadline, err);
+      if (r == TCC_OK) r = allgather_segment(comm, c, shard, s, seq, deadline, err);
       continue;
     }
     if (in_flight) {
@@ -192,19 +201,13 @@ static tcc_result_t shards_in_segments(tcc_comm_t *comm, const tcc_coll_t *c, si
     if (r != TCC_OK) break;
     tcc__hier_pipe_post(pipe, &ar, seq, deadline);
     in_flight = true;
-    if (k > 0) {
-      tcc_coll_t ag = segment_allgather(comm, c, shard, prev);
-      r = phase(comm->topo->local, &ag, seq, deadline, err);
-    }
+    if (k > 0) r = allgather_segment(comm, c, shard, prev, seq, deadline, err);
     prev = s;
   }
   if (in_flight) {
     tcc_result_t done = tcc__hier_pipe_wait(pipe, err); /* its buffers are the caller's: never left running */
     if (r == TCC_OK) r = done;
-    if (r == TCC_OK) {
-      tcc_coll_t ag = segment_allgather(comm, c, shard, prev);
-      r = phase(comm->topo->local, &ag, seq, deadline, err);
-    }
+    if (r == TCC_OK) r = allgather_segment(comm, c, shard, prev, seq, deadline, err);
   }
   return r;
 }
@@ -224,6 +227,7 @@ static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, u
     r = phase(local, &host, seq, deadline, err);
     tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), host.recv, host.recv, host.count);
     if (r == TCC_OK) r = phase(t->cross, &hosts, seq, deadline, err);
+    if (r == TCC_OK) average(comm, c, host.recv, host.count);
   }
   return r;
 }
@@ -245,6 +249,7 @@ static tcc_result_t allreduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, 
   if (r == TCC_OK && leader) {
     tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), c->recv, c->recv, c->count);
     r = phase(t->cross, &hosts, seq, deadline, err);
+    if (r == TCC_OK) average(comm, c, c->recv, c->count);
   }
   if (r == TCC_OK) {
     tcc_coll_t spread = {.kind = TCC_COLL_BROADCAST, .dtype = c->dtype, .count = c->count, .root = 0,
@@ -330,6 +335,7 @@ static tcc_result_t reduce_scatter(tcc_comm_t *comm, const tcc_coll_t *c, uint64
   tcc_coll_t across = reduction(TCC_COLL_REDUCE_SCATTER, c, later_op(c->redop), NULL, c->recv, c->count);
   across.sends = parts;
   if (r == TCC_OK) r = phase(t->cross, &across, seq, deadline, err);
+  if (r == TCC_OK) average(comm, c, c->recv, c->count);
   return r;
 }
 
@@ -352,7 +358,9 @@ static tcc_result_t reduce(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, 
   tcc_coll_t hosts = reduction(TCC_COLL_REDUCE, c, later_op(c->redop), sum, comm->rank == c->root ? sum : NULL,
                                c->count);
   hosts.root = t->host_of[c->root];
-  return phase(t->cross, &hosts, seq, deadline, err);
+  r = phase(t->cross, &hosts, seq, deadline, err);
+  if (r == TCC_OK && comm->rank == c->root) average(comm, c, sum, c->count);
+  return r;
 }
 
 tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,

@@ -85,5 +85,10 @@ void tcc__fd_close(int fd);
  * overlap). The caller has checked tcc_redop_supported(). */
 void tcc__reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count,
                   tcc_dtype_t dtype, tcc_redop_t op, double premul);
+/* AVG's last step on a sum reduced elsewhere (a hierarchical allreduce sums
+ * in phases): each element divided by n as tcc__reduce_n's AVG divides its
+ * sum, so the bits are those of an AVG over the same order. float16,
+ * bfloat16 and bool are left alone (their AVG is never split). */
+void tcc__reduce_average(void *buf, size_t count, tcc_dtype_t dtype, int n);
 
 #endif /* TCC_CORE_BASE_H */
