@@ -309,6 +309,10 @@ def timeout_makes_comm_unusable(comm, rank, size):
     if size < 2:
         raise Skip("needs 2 ranks")
     sub = comm.split(list(range(size)))  # the parent was created with abort off
+    for _ in range(2):  # the default options of all_reduce SUM are now reused (TorchComm._opts)
+        t = torch.ones(2)
+        sub.all_reduce(t, tc.ReduceOp.SUM, async_op=False)
+        check(t, torch.full((2,), float(size)), "all_reduce SUM before the timeout")
     if rank == 0:
         try:
             sub.all_reduce(torch.ones(2), tc.ReduceOp.SUM, async_op=False, timeout=1)
@@ -316,12 +320,14 @@ def timeout_makes_comm_unusable(comm, rank, size):
             assert "timed out" in str(e) and "all_reduce" in str(e) and "[op timeout 1000 ms]" in str(e), e
         else:
             raise AssertionError("all_reduce without the other ranks did not time out")
-        try:
-            sub.barrier(async_op=False)
-        except dist.DistBackendError as e:
-            assert "unusable after all_reduce" in str(e), e
-        else:
-            raise AssertionError("the communicator stayed usable after a timeout")
+        for call in (lambda: sub.barrier(async_op=False),
+                     lambda: sub.all_reduce(torch.ones(2), tc.ReduceOp.SUM, async_op=False)):
+            try:
+                call()
+            except dist.DistBackendError as e:
+                assert "unusable after all_reduce" in str(e), e
+            else:
+                raise AssertionError("the communicator stayed usable after a timeout")
     # The others stay members until rank 0 has seen its timeout: a rank that
     # finalizes is noticed at once, and the op would fail saying so instead.
     comm.barrier(async_op=False)

@@ -136,6 +136,8 @@ class TorchComm:
         self._policy = CommPolicy(name, rank, size, timeout, abort)
         self._splits = 0
         self._lock = threading.Lock()  # per-op timeouts of send/recv
+        self._opts_cache = {}  # see _opts
+        self._finished = TorchWork(self._policy, None, None)
         return self
 
     # ---- management -------------------------------------------------------
@@ -211,7 +213,7 @@ class TorchComm:
             if timeout != self._timeout:
                 self._backend.set_timeout(timeout)
             try:
-                return self._issue(op, async_op, lambda: call([tensor], peer, 0))
+                return self._issue(op, async_op, call, [tensor], peer, 0)
             finally:
                 if timeout != self._timeout:
                     self._backend.set_timeout(self._timeout)
@@ -219,49 +221,43 @@ class TorchComm:
     # ---- collectives ----------------------------------------------------------
 
     def broadcast(self, tensor, root, async_op=False, hints=None, timeout=None):
-        opts = self._opts("broadcast", c10d.BroadcastOptions, hints, timeout)
-        opts.rootRank = root
-        return self._issue("broadcast", async_op, lambda: self._backend.broadcast([tensor], opts))
+        opts = self._opts("broadcast", c10d.BroadcastOptions, hints, timeout, root=root)
+        return self._issue("broadcast", async_op, self._backend.broadcast, [tensor], opts)
 
     def all_reduce(self, tensor, op, async_op=False, hints=None, timeout=None):
-        opts = self._opts("all_reduce", c10d.AllreduceOptions, hints, timeout)
-        opts.reduceOp = to_c10d_op(op, "all_reduce")
-        return self._issue("all_reduce", async_op, lambda: self._backend.allreduce([tensor], opts))
+        opts = self._opts("all_reduce", c10d.AllreduceOptions, hints, timeout, reduce_op=op)
+        return self._issue("all_reduce", async_op, self._backend.allreduce, [tensor], opts)
 
     def reduce(self, tensor, root, op, async_op=False, hints=None, timeout=None):
-        opts = self._opts("reduce", c10d.ReduceOptions, hints, timeout)
-        opts.rootRank = root
-        opts.reduceOp = to_c10d_op(op, "reduce")
-        return self._issue("reduce", async_op, lambda: self._backend.reduce([tensor], opts))
+        opts = self._opts("reduce", c10d.ReduceOptions, hints, timeout, reduce_op=op, root=root)
+        return self._issue("reduce", async_op, self._backend.reduce, [tensor], opts)
 
     def all_gather(self, tensor_list, tensor, async_op=False, hints=None, timeout=None):
         opts = self._opts("all_gather", c10d.AllgatherOptions, hints, timeout)
         outs = list(tensor_list)
-        return self._issue("all_gather", async_op, lambda: self._backend.allgather([outs], [tensor], opts))
+        return self._issue("all_gather", async_op, self._backend.allgather, [outs], [tensor], opts)
 
     def all_gather_single(self, output, input, async_op=False, hints=None, timeout=None):  # noqa: A002
         opts = self._opts("all_gather_single", c10d.AllgatherOptions, hints, timeout)
         return self._issue("all_gather_single", async_op,
-                           lambda: self._backend._allgather_base(output, input, opts))
+                           self._backend._allgather_base, output, input, opts)
 
     def reduce_scatter(self, output, input_list, op, async_op=False, hints=None, timeout=None):
-        opts = self._opts("reduce_scatter", c10d.ReduceScatterOptions, hints, timeout)
-        opts.reduceOp = to_c10d_op(op, "reduce_scatter")
+        opts = self._opts("reduce_scatter", c10d.ReduceScatterOptions, hints, timeout, reduce_op=op)
         ins = list(input_list)
         return self._issue("reduce_scatter", async_op,
-                           lambda: self._backend.reduce_scatter([output], [ins], opts))
+                           self._backend.reduce_scatter, [output], [ins], opts)
 
     def reduce_scatter_single(self, output, input, op, async_op=False, hints=None,  # noqa: A002
                               timeout=None):
-        opts = self._opts("reduce_scatter_single", c10d.ReduceScatterOptions, hints, timeout)
-        opts.reduceOp = to_c10d_op(op, "reduce_scatter_single")
+        opts = self._opts("reduce_scatter_single", c10d.ReduceScatterOptions, hints, timeout, reduce_op=op)
         return self._issue("reduce_scatter_single", async_op,
-                           lambda: self._backend._reduce_scatter_base(output, input, opts))
+                           self._backend._reduce_scatter_base, output, input, opts)
 
     def all_to_all_single(self, output, input, async_op=False, hints=None, timeout=None):  # noqa: A002
         opts = self._opts("all_to_all_single", c10d.AllToAllOptions, hints, timeout)
         return self._issue("all_to_all_single", async_op,
-                           lambda: self._backend.alltoall_base(output, input, [], [], opts))
+                           self._backend.alltoall_base, output, input, [], [], opts)
 
     def all_to_all_v_single(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
                             async_op=False, hints=None, timeout=None):
@@ -269,44 +265,65 @@ class TorchComm:
         out_splits = [int(s) for s in output_split_sizes]
         in_splits = [int(s) for s in input_split_sizes]
         return self._issue("all_to_all_v_single", async_op,
-                           lambda: self._backend.alltoall_base(output, input, out_splits, in_splits, opts))
+                           self._backend.alltoall_base, output, input, out_splits, in_splits, opts)
 
     def all_to_all(self, output_tensor_list, input_tensor_list, async_op=False, hints=None, timeout=None):
         opts = self._opts("all_to_all", c10d.AllToAllOptions, hints, timeout)
         outs, ins = list(output_tensor_list), list(input_tensor_list)
-        return self._issue("all_to_all", async_op, lambda: self._backend.alltoall(outs, ins, opts))
+        return self._issue("all_to_all", async_op, self._backend.alltoall, outs, ins, opts)
 
     def barrier(self, async_op=False, hints=None, timeout=None):
         opts = self._opts("barrier", c10d.BarrierOptions, hints, timeout)
-        return self._issue("barrier", async_op, lambda: self._backend.barrier(opts))
+        return self._issue("barrier", async_op, self._backend.barrier, opts)
 
     def scatter(self, output_tensor, input_tensor_list, root, async_op=False, hints=None, timeout=None):
-        opts = self._opts("scatter", c10d.ScatterOptions, hints, timeout)
-        opts.rootRank = root
+        opts = self._opts("scatter", c10d.ScatterOptions, hints, timeout, root=root)
         ins = [list(input_tensor_list)] if self._rank == root else []
-        return self._issue("scatter", async_op, lambda: self._backend.scatter([output_tensor], ins, opts))
+        return self._issue("scatter", async_op, self._backend.scatter, [output_tensor], ins, opts)
 
     def gather(self, output_tensor_list, input_tensor, root, async_op=False, hints=None, timeout=None):
-        opts = self._opts("gather", c10d.GatherOptions, hints, timeout)
-        opts.rootRank = root
+        opts = self._opts("gather", c10d.GatherOptions, hints, timeout, root=root)
         outs = [list(output_tensor_list)] if self._rank == root else []
-        return self._issue("gather", async_op, lambda: self._backend.gather(outs, [input_tensor], opts))
+        return self._issue("gather", async_op, self._backend.gather, outs, [input_tensor], opts)
 
     # ---- plumbing ---------------------------------------------------------------
 
-    def _opts(self, op, cls, hints, timeout):
+    def _opts(self, op, cls, hints, timeout, reduce_op=None, root=None):
+        """The c10d options of one op. The common call (no hints, the default
+        timeout) reuses one options object per (op, reduce op, root), since
+        building one costs about a microsecond: c10d reads the options when
+        the op is issued, and a cached object is never changed afterwards,
+        so concurrent callers can share it."""
+        cacheable = (hints is None and timeout is None and (root is None or type(root) is int)
+                     and (reduce_op is None or isinstance(reduce_op, ReduceOp)))
+        key = (op, reduce_op, root)
+        if cacheable:
+            opts = self._opts_cache.get(key)
+            if opts is not None:
+                self._policy.check_usable(op)
+                return opts
         opts = cls()
         opts.timeout = self._policy.begin(op, hints, timeout)
+        if root is not None:
+            opts.rootRank = root
+        if reduce_op is not None:
+            opts.reduceOp = to_c10d_op(reduce_op, op)
+        if cacheable and len(self._opts_cache) < 64:
+            self._opts_cache[key] = opts
         return opts
 
-    def _issue(self, op, async_op, call):
+    def _issue(self, op, async_op, fn, *args):
         try:
-            work = call()
+            work = fn(*args)
         except dist.DistError as err:
             # The core refused to start it (failed communicator, ...).
             self._policy.failed(op, err)
         # Anything else is a bad argument: raised before anything was sent.
-        result = TorchWork(self._policy, op, work)
-        if not async_op:
-            result.wait()
-        return result
+        if async_op:
+            return TorchWork(self._policy, op, work)
+        if work is not None:
+            try:
+                work.wait()
+            except Exception as err:  # noqa: BLE001  (every failure goes through the policy)
+                self._policy.failed(op, err)
+        return self._finished  # a synchronous op's result: already complete
