@@ -556,6 +556,27 @@ c10::intrusive_ptr<c10d::Work> TccBackend::allreduce(
   return runOne(op, OpType::ALLREDUCE, opts.timeout, std::move(step), tensors, tensors);
 }
 
+c10::intrusive_ptr<c10d::Work> TccBackend::allreduceInto(
+    at::Tensor& input,
+    at::Tensor& output,
+    const c10d::AllreduceOptions& opts) {
+  const char* op = "allreduce";
+  const ErrorScope scope(groupName_, rank_);
+  checkTensor(op, input, "input");
+  checkTensorLike(op, output, input, "output");
+  TCC_CHECK(output.numel() == input.numel(), op, "the output has ", output.numel(), " elements, the input ",
+            input.numel());
+  const Reduction red = toReduction(op, opts.reduceOp, input.scalar_type());
+  Step step(op);
+  step.setReduction(red, input);
+  const tcc_buf_t in = step.buffers.input(input);
+  const tcc_buf_t out = step.buffers.output(output);
+  step.call = [in, out, red](tcc_comm_t* c, const tcc_op_opts_t* o, tcc_op_t** h) {
+    return tcc_allreduce(c, in, out, red.op, o, h);
+  };
+  return runOne(op, OpType::ALLREDUCE, opts.timeout, std::move(step), {output}, {input});
+}
+
 c10::intrusive_ptr<c10d::Work> TccBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceCoalescedOptions& opts) {

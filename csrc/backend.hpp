@@ -107,6 +107,10 @@ class TccBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  // allreduce of `input` into `output` (same shape and dtype), input left
+  // as it is: the functional all_reduce's result without a copy first.
+  c10::intrusive_ptr<c10d::Work> allreduceInto(at::Tensor& input, at::Tensor& output,
+                                               const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;

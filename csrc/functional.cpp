@@ -43,6 +43,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/GradMode.h>
@@ -117,12 +118,22 @@ void checkGroupSize(const char* op, int64_t groupSize, const c10d::Backend& back
       backend.getSize());
 }
 
+// A new contiguous tensor of `sizes` with like's dtype and device, for an
+// op's output. CPU memory comes straight from the allocator, without a
+// round trip through the dispatcher (about 0.1 us of a small op's 4).
+at::Tensor newOutput(at::IntArrayRef sizes, const at::Tensor& like) {
+  if (like.is_cpu()) {
+    return at::Tensor(at::detail::empty_cpu(sizes, like.scalar_type(), false, at::MemoryFormat::Contiguous));
+  }
+  return at::empty(sizes, like.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
 // The output of an all-gather: the input's shape with dim 0 x groupSize.
 at::Tensor allGatherOutput(const char* op, const at::Tensor& input, int64_t groupSize) {
   TCC_CHECK(input.dim() > 0, op, "the input must have at least one dimension");
   auto sizes = input.sizes().vec();
   sizes[0] *= groupSize;
-  return at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+  return newOutput(sizes, input);
 }
 
 // The output of a reduce-scatter: the input's shape with dim 0 / groupSize.
@@ -137,7 +148,7 @@ at::Tensor reduceScatterOutput(const char* op, const at::Tensor& input, int64_t 
       groupSize);
   auto sizes = input.sizes().vec();
   sizes[0] /= groupSize;
-  return at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+  return newOutput(sizes, input);
 }
 
 std::vector<int64_t> intsOf(const c10::IValue& v) {
@@ -163,17 +174,21 @@ void registerWork(const std::vector<at::Tensor>& outputs, const c10::intrusive_p
   }
 }
 
+// all_reduce reduces out of place into a new tensor: the core reads the
+// input where it is (a copy first would cost more than a small op).
 template <bool kInplace>
 c10::IValue allReduce(const char* op, c10d::Backend& backend, Args args) {
   c10d::AllreduceOptions opts;
   opts.reduceOp = reduceOpOf(op, args[1].toStringRef());
   at::Tensor t = args[0].toTensor();
-  if (!kInplace) {
-    t = t.clone(at::MemoryFormat::Contiguous);
+  if (kInplace) {
+    std::vector<at::Tensor> tensors{t};
+    c10d::register_work(t, backend.allreduce(tensors, opts));
+    return args[0];
   }
-  std::vector<at::Tensor> tensors{t};
-  c10d::register_work(t, backend.allreduce(tensors, opts));
-  return kInplace ? args[0] : c10::IValue(std::move(t));
+  at::Tensor out = newOutput(t.sizes(), t);
+  c10d::register_work(out, static_cast<TccBackend&>(backend).allreduceInto(t, out, opts));
+  return out;
 }
 
 template <bool kInplace>
@@ -254,7 +269,7 @@ c10::IValue allToAllSingle(const char* op, c10d::Backend& backend, Args args) {
   for (int64_t s : outputSplits) {
     sizes[0] += s;
   }
-  at::Tensor output = at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor output = newOutput(sizes, input);
   c10d::register_work(output, backend.alltoall_base(output, input, outputSplits, inputSplits));
   return output;
 }

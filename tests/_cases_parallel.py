@@ -107,6 +107,15 @@ def _funcol_ops(ctx, group, label: str, exact: bool) -> int:
         check(x, x0, f"all_reduce {redop} leaves its input alone")
         issued += 1
 
+    x = inp(r, (6, 4), "float64", "strided").t()  # read where it is, not copied first
+    x0 = x.clone()
+    y = ops.wait_tensor(ops.all_reduce(x, "sum", name))
+    assert y.shape == x.shape and y.is_contiguous(), (y.shape, y.stride())
+    check_reduced(y, [q.t() for q in everyone((6, 4), "float64", "strided")], "float64", "SUM",
+                  "all_reduce of a non-contiguous input")
+    check(x, x0, "all_reduce leaves a non-contiguous input alone")
+    issued += 1
+
     x = inp(r, (3, 5), "int32", "inplace")
     y = ops.wait_tensor(ops.all_reduce_(x, "sum", name))
     assert y.data_ptr() == x.data_ptr(), "all_reduce_ did not return its input"
