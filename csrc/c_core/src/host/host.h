@@ -22,10 +22,14 @@
  * still starts within that interval; after a quiet spell it sleeps until
  * a submit wakes it.
  *
- * Point-to-point: a dedicated thread frames messages (header + payload) on
- * the transport's per-peer byte streams and matches them to posted
- * receives by (peer, tag, order). Unmatched arrivals are buffered. It runs
- * independently of collectives so a pending send never blocks the queue.
+ * Point-to-point: rounds of framing messages (header + payload) on the
+ * transport's per-peer byte streams and matching them to posted receives
+ * by (peer, tag, order); unmatched arrivals are buffered. A dedicated
+ * thread runs them, independently of collectives so a pending send never
+ * blocks the queue; a thread blocked in tcc_op_wait() on a p2p op runs
+ * them itself until its op is done (whoever holds p2p_progress runs the
+ * rounds), for the same reason as collectives: a message then goes out
+ * and is seen on arrival without waking two threads per direction.
  */
 #ifndef TCC_HOST_HOST_H
 #define TCC_HOST_HOST_H
@@ -71,6 +75,12 @@ struct tcc_engine {
   int runner_busy; /* a thread is running the collective queue */
   int waiter_runs; /* the runner is a thread in tcc_op_wait; stop waits until it is out */
   pthread_cond_t waiter_cv;
+  /* Held by whoever runs p2p rounds (the p2p thread, or a waiter; see the
+   * file comment); the peer state and the posted/any-source queues below
+   * are touched only by its holder. */
+  pthread_mutex_t p2p_progress;
+  int p2p_waiter_runs; /* a waiter holds p2p_progress; stop waits until it is out */
+  bool *waiter_want_write; /* the waiter's per-peer write interest (under p2p_progress) */
   int coll_deep_sleep;      /* the collective thread sleeps until signalled */
   int64_t last_submit_ns;   /* last collective submitted (tcc__now_ns) */
   pthread_t coll_thread, p2p_thread;
@@ -97,9 +107,12 @@ int tcc__host_claim_runner(tcc_engine_t *e);
 void tcc__host_run_queue(tcc_comm_t *comm, tcc_op_t *until);
 void tcc__host_release_runner(tcc_engine_t *e);
 
-/* ---- p2p.c ---- */
+/* ---- p2p_match.c ---- */
 /* The point-to-point thread's main loop (arg: the communicator). */
 void *tcc__host_p2p_thread(void *arg);
+/* Runs p2p rounds on the calling thread until `op` finished (the p2p
+ * thread meanwhile waits for p2p_progress). */
+void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op);
 /* Frees messages that arrived for receives never posted. */
 void tcc__host_free_unexpected(tcc_engine_t *e, int size);
 

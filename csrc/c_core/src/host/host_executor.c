@@ -17,11 +17,15 @@ static tcc_result_t host_attach(tcc_comm_t *comm, tcc_err_t *err) {
   tcc_engine_t *e = calloc(1, sizeof *e);
   if (!e) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   e->peers = calloc((size_t)comm->size, sizeof *e->peers);
-  if (!e->peers) {
+  e->waiter_want_write = calloc((size_t)comm->size, sizeof *e->waiter_want_write);
+  if (!e->peers || !e->waiter_want_write) {
+    free(e->peers);
+    free(e->waiter_want_write);
     free(e);
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   }
   pthread_mutex_init(&e->lock, NULL);
+  pthread_mutex_init(&e->p2p_progress, NULL);
   tcc__cond_init_monotonic(&e->coll_cv); /* timed waits on the tcc__now_ns clock */
   pthread_cond_init(&e->p2p_cv, NULL);
   pthread_cond_init(&e->waiter_cv, NULL);
@@ -98,7 +102,7 @@ static void host_stop(tcc_comm_t *comm) {
    * must be out before the transport goes (its op fails fast: the
    * communicator is failed before stop). */
   pthread_mutex_lock(&e->lock);
-  while (e->waiter_runs) pthread_cond_wait(&e->waiter_cv, &e->lock);
+  while (e->waiter_runs || e->p2p_waiter_runs) pthread_cond_wait(&e->waiter_cv, &e->lock);
   pthread_mutex_unlock(&e->lock);
   if (e->coll_started) pthread_join(e->coll_thread, NULL);
   if (e->p2p_started) pthread_join(e->p2p_thread, NULL);
@@ -110,10 +114,12 @@ static void host_release(tcc_comm_t *comm) {
   tcc_engine_t *e = comm->engine;
   if (!e) return;
   pthread_mutex_destroy(&e->lock);
+  pthread_mutex_destroy(&e->p2p_progress);
   pthread_cond_destroy(&e->coll_cv);
   pthread_cond_destroy(&e->p2p_cv);
   pthread_cond_destroy(&e->waiter_cv);
   free(e->peers);
+  free(e->waiter_want_write);
   free(e);
   comm->engine = NULL;
 }
@@ -122,10 +128,11 @@ static int host_test(tcc_op_t *op) { return atomic_load(&op->finished); }
 
 static tcc_result_t host_wait(tcc_op_t *op, int64_t timeout_ms) {
   tcc_comm_t *comm = op->comm;
-  /* Run the queue ourselves when nobody else is: see host.h. A bounded
-   * wait must not: a collective, once started, runs until it ends or its
-   * own deadline passes, which may be long after timeout_ms. */
+  /* Run the queue (p2p rounds) ourselves when nobody else is: see host.h.
+   * A bounded wait must not: a collective, once started, runs until it
+   * ends or its own deadline passes, which may be long after timeout_ms. */
   tcc_engine_t *e = comm->engine;
+  if (op->kind != TCC_OP_COLL && e && timeout_ms < 0) tcc__host_drive_p2p(comm, op);
   if (op->kind == TCC_OP_COLL && e) {
     if (timeout_ms < 0 && tcc__host_claim_runner(e)) {
       tcc__host_run_queue(comm, op);

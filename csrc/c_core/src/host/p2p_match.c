@@ -4,6 +4,7 @@
  * posted receives by (peer, tag, order), buffers the unmatched ones and
  * fails ops whose deadline passed or whose peer's stream broke.
  */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -346,6 +347,68 @@ void tcc__host_free_unexpected(tcc_engine_t *e, int size) {
   }
 }
 
+/* One round of point-to-point work: adopts the ops submitted since the
+ * last one, moves what the streams allow to and from every peer, fails
+ * what timed out (everything, once the communicator failed or stops).
+ * want_write[p] says afterwards whether a send to p waits for room. The
+ * caller holds e->p2p_progress. Returns the bytes moved. */
+static ssize_t p2p_round(tcc_comm_t *comm, bool *want_write) {
+  tcc_engine_t *e = comm->engine;
+  pthread_mutex_lock(&e->lock);
+  tcc_op_t *fresh = e->p2p_new_head;
+  e->p2p_new_head = e->p2p_new_tail = NULL;
+  const int stopping = e->stopping;
+  pthread_mutex_unlock(&e->lock);
+  adopt_new_p2p_ops(comm, fresh);
+
+  if (atomic_load(&comm->aborted) || stopping) {
+    char cause[TCC_ERRLEN];
+    tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
+    if (code == TCC_OK) {
+      code = TCC_ERR_ABORTED;
+      snprintf(cause, sizeof cause, "the communicator was destroyed");
+    }
+    expire_p2p_ops(comm, 0, 1, code, cause);
+    return 0;
+  }
+
+  ssize_t moved = 0;
+  for (int p = 0; p < comm->size; p++) {
+    peer_state_t *ps = &e->peers[p];
+    want_write[p] = false;
+    /* no self channel (peers are validated); nothing more from a broken one */
+    if (p == comm->rank || ps->broken != TCC_OK) continue;
+    tcc_err_t err = {TCC_OK, {0}};
+    ssize_t n = progress_send(comm, p, ps, &err);
+    if (n > 0) moved += n;
+    if (n >= 0) {
+      n = progress_recv(comm, p, ps, &err);
+      if (n > 0) moved += n;
+    }
+    if (err.code != TCC_OK) break_peer(comm, ps, &err);
+    else want_write[p] = ps->send_head != NULL;
+  }
+  expire_p2p_ops(comm, tcc__now_ns(), 0, TCC_ERR_TIMEOUT, "check that the peer posts the matching operation");
+  return moved;
+}
+
+/* How a runner of rounds waits when a round moved nothing: a while of
+ * rounds spinning (`spins`) then yielding (`yields`), then a sleep until a
+ * stream is ready, new work is notified, or 50 ms. */
+static void p2p_idle(tcc_comm_t *comm, const bool *want_write, int *idle_rounds, int spins, int yields) {
+  const int k = (*idle_rounds)++;
+  if (k < spins) {
+    tcc_cpu_relax();
+    return;
+  }
+  if (k < spins + yields) {
+    sched_yield();
+    return;
+  }
+  *idle_rounds = 0;
+  comm->ops->p2p_wait(comm, want_write, 50 * 1000000LL);
+}
+
 void *tcc__host_p2p_thread(void *arg) {
   tcc_comm_t *comm = arg;
   tcc_engine_t *e = comm->engine;
@@ -353,9 +416,7 @@ void *tcc__host_p2p_thread(void *arg) {
   int idle_spins = 0;
   for (;;) {
     pthread_mutex_lock(&e->lock);
-    tcc_op_t *fresh = e->p2p_new_head;
-    e->p2p_new_head = e->p2p_new_tail = NULL;
-    if (!fresh && e->p2p_pending == 0) {
+    if (!e->p2p_new_head && e->p2p_pending == 0) {
       if (e->stopping) {
         pthread_mutex_unlock(&e->lock);
         break;
@@ -366,51 +427,44 @@ void *tcc__host_p2p_thread(void *arg) {
       pthread_mutex_unlock(&e->lock);
       continue;
     }
-    int stopping = e->stopping;
     pthread_mutex_unlock(&e->lock);
-    adopt_new_p2p_ops(comm, fresh);
-
-    if (atomic_load(&comm->aborted) || stopping) {
-      char cause[TCC_ERRLEN];
-      tcc_result_t code = tcc__comm_failure(comm, cause, sizeof cause);
-      if (code == TCC_OK) {
-        code = TCC_ERR_ABORTED;
-        snprintf(cause, sizeof cause, "the communicator was destroyed");
-      }
-      expire_p2p_ops(comm, 0, 1, code, cause);
-      continue;
-    }
-
-    ssize_t moved = 0;
-    for (int p = 0; p < comm->size; p++) {
-      peer_state_t *ps = &e->peers[p];
-      want_write[p] = false;
-      /* no self channel (peers are validated); nothing more from a broken one */
-      if (p == comm->rank || ps->broken != TCC_OK) continue;
-      tcc_err_t err = {TCC_OK, {0}};
-      ssize_t n = progress_send(comm, p, ps, &err);
-      if (n > 0) moved += n;
-      if (n >= 0) {
-        n = progress_recv(comm, p, ps, &err);
-        if (n > 0) moved += n;
-      }
-      if (err.code != TCC_OK) break_peer(comm, ps, &err);
-      else want_write[p] = ps->send_head != NULL;
-    }
-    int64_t now = tcc__now_ns();
-    expire_p2p_ops(comm, now, 0, TCC_ERR_TIMEOUT, "check that the peer posts the matching operation");
+    pthread_mutex_lock(&e->p2p_progress); /* a waiter may be running rounds: after it */
+    const ssize_t moved = p2p_round(comm, want_write);
+    pthread_mutex_unlock(&e->p2p_progress);
     if (moved > 0) {
       idle_spins = 0;
       continue;
     }
     if (e->p2p_pending == 0) continue;
-    if (idle_spins++ < comm->spin_iters / 16) {
-      tcc_cpu_relax();
-      continue;
-    }
-    idle_spins = 0;
-    comm->ops->p2p_wait(comm, want_write, 50 * 1000000LL);
+    p2p_idle(comm, want_write, &idle_spins, comm->spin_iters / 16, 0);
   }
   free(want_write);
   return NULL;
+}
+
+void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op) {
+  tcc_engine_t *e = comm->engine;
+  pthread_mutex_lock(&e->p2p_progress); /* the thread holds it for one round at most */
+  pthread_mutex_lock(&e->lock);
+  const int go = !e->stopping;
+  if (go) e->p2p_waiter_runs = 1;
+  pthread_mutex_unlock(&e->lock);
+  int idle_spins = 0;
+  while (go && !atomic_load(&op->finished)) {
+    if (p2p_round(comm, e->waiter_want_write) > 0) {
+      idle_spins = 0;
+      continue;
+    }
+    /* Waiting for its own message, as a collective waits for its peers
+     * (core/idle_wait.c): spin, yield, then sleep. */
+    if (!atomic_load(&op->finished)) p2p_idle(comm, e->waiter_want_write, &idle_spins, comm->spin_iters, 64);
+  }
+  pthread_mutex_unlock(&e->p2p_progress);
+  pthread_mutex_lock(&e->lock);
+  if (e->p2p_waiter_runs && e->stopping) pthread_cond_broadcast(&e->waiter_cv);
+  e->p2p_waiter_runs = 0;
+  pthread_mutex_unlock(&e->lock);
+  /* The thread may sleep on what it last saw: let it look again at the
+   * ops this waiter leaves behind. */
+  if (e->p2p_pending > 0) comm->ops->p2p_notify(comm);
 }

@@ -13,6 +13,7 @@
 #define TCC_TCP_H
 
 #include <poll.h>
+#include <stdatomic.h>
 
 #include "transport/transport.h"
 
@@ -46,10 +47,12 @@ typedef struct tcp_state {
   int n, me;
   int *coll_fd;   /* [n]; -1 for this rank */
   int *p2p_fd;    /* [n]; -1 for this rank */
-  bool *p2p_dead; /* [n]; the stream failed: no longer polled */
+  /* [n]; the stream failed: no longer polled. Set by whoever runs p2p
+   * rounds, read by p2p_wait on any thread (host/host.h). */
+  atomic_bool *p2p_dead;
   int wake_fd;    /* eventfd written by p2p_notify */
-  /* poll scratch, one set per thread that polls */
-  struct pollfd *p2p_pfd;
+  /* poll scratch of the collectives (one runner at a time); p2p_wait,
+   * which two threads may enter at once, keeps its own */
   struct pollfd *coll_pfd;
 } tcp_state_t;
 

@@ -24,11 +24,13 @@ tcp_state_t *tcc__tcp_state_new(int n, int me, tcc_err_t *err) {
   st->wake_fd = -1;
   st->coll_fd = malloc((size_t)n * sizeof(int));
   st->p2p_fd = malloc((size_t)n * sizeof(int));
-  st->p2p_dead = calloc((size_t)n, sizeof(bool));
-  st->p2p_pfd = calloc((size_t)n + 1, sizeof(struct pollfd));
+  st->p2p_dead = calloc((size_t)n, sizeof(atomic_bool));
   st->coll_pfd = calloc((size_t)n, sizeof(struct pollfd));
-  if (!st->coll_fd || !st->p2p_fd || !st->p2p_dead || !st->p2p_pfd || !st->coll_pfd) goto nomem;
-  for (int j = 0; j < n; j++) st->coll_fd[j] = st->p2p_fd[j] = -1;
+  if (!st->coll_fd || !st->p2p_fd || !st->p2p_dead || !st->coll_pfd) goto nomem;
+  for (int j = 0; j < n; j++) {
+    st->coll_fd[j] = st->p2p_fd[j] = -1;
+    atomic_init(&st->p2p_dead[j], false);
+  }
   st->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (st->wake_fd < 0) {
     tcc__err_set(err, TCC_ERR_SYSTEM, "tcp: eventfd failed: %s", strerror(errno));
@@ -53,7 +55,6 @@ void tcc__tcp_state_free(tcp_state_t *st) {
   free(st->coll_fd);
   free(st->p2p_fd);
   free(st->p2p_dead);
-  free(st->p2p_pfd);
   free(st->coll_pfd);
   free(st);
 }
@@ -71,7 +72,7 @@ static int p2p_fd_of(tcc_comm_t *comm, int peer, tcc_err_t *err) {
 static ssize_t p2p_failed(tcc_comm_t *comm, int peer, const char *how, int errnum,
                           tcc_err_t *err) {
   tcp_state_t *st = comm->transport_state;
-  st->p2p_dead[peer] = true; /* stop polling it: it would wake p2p_wait forever */
+  atomic_store(&st->p2p_dead[peer], true); /* stop polling it: it would wake p2p_wait forever */
   if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
     tcc__err_set(err, TCC_ERR_REMOTE, "tcp p2p on communicator '%s' rank %d: the connection to rank %d %s "
                 "(its process exited, or its communicator failed or was destroyed)", comm->name,
@@ -113,21 +114,29 @@ ssize_t tcc__tcp_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len,
 
 void tcc__tcp_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns) {
   tcp_state_t *st = comm->transport_state;
+  /* The p2p thread and a waiter running p2p rounds may both sleep here. */
+  struct pollfd small[65], *pfd = st->n < 65 ? small : malloc(((size_t)st->n + 1) * sizeof *pfd);
+  if (!pfd) { /* a nap instead of a poll: the caller's next round looks again */
+    struct timespec nap = {0, 1000000};
+    nanosleep(&nap, NULL);
+    return;
+  }
   int k = 0;
-  st->p2p_pfd[k++] = (struct pollfd){.fd = st->wake_fd, .events = POLLIN};
+  pfd[k++] = (struct pollfd){.fd = st->wake_fd, .events = POLLIN};
   for (int j = 0; j < st->n; j++) {
-    if (j == st->me || st->p2p_dead[j] || st->p2p_fd[j] < 0) continue;
+    if (j == st->me || atomic_load(&st->p2p_dead[j]) || st->p2p_fd[j] < 0) continue;
     short ev = (short)(POLLIN | (want_write && want_write[j] ? POLLOUT : 0));
-    st->p2p_pfd[k++] = (struct pollfd){.fd = st->p2p_fd[j], .events = ev};
+    pfd[k++] = (struct pollfd){.fd = st->p2p_fd[j], .events = ev};
   }
   if (max_ns < 0) max_ns = 0;
   struct timespec ts = {.tv_sec = max_ns / 1000000000, .tv_nsec = max_ns % 1000000000};
-  if (ppoll(st->p2p_pfd, (nfds_t)k, &ts, NULL) > 0 && (st->p2p_pfd[0].revents & POLLIN)) {
+  if (ppoll(pfd, (nfds_t)k, &ts, NULL) > 0 && (pfd[0].revents & POLLIN)) {
     uint64_t v;
     /* drain so the next wait sleeps again; notifications are not counted */
     while (read(st->wake_fd, &v, sizeof(v)) < 0 && errno == EINTR) {
     }
   }
+  if (pfd != small) free(pfd);
 }
 
 void tcc__tcp_p2p_notify(tcc_comm_t *comm) {
