@@ -133,12 +133,13 @@ class Ctx:
         None for rank order, else the group ranks of each host, hosts in the
         order of their lowest rank (README: "Groups that span hosts").
         Hierarchical when the group has ranks on several hosts and some host
-        has several, from HIER_MIN_BYTES of input, except for float16,
-        bfloat16 and AVG; reduce and reduce_scatter only on hosts with equal
-        rank counts (csrc/c_core/src/coll/coll_hier.c)."""
+        has several, from HIER_MIN_BYTES of input, except for float16 and
+        bfloat16 (AVG sums in this order and divides once); reduce and
+        reduce_scatter only on hosts with equal rank counts
+        (csrc/c_core/src/coll/coll_hier.c)."""
         if not self.strict or not self.hosts:
             return None
-        if dtype in ("float16", "bfloat16") or redop == "AVG":
+        if dtype in ("float16", "bfloat16"):
             return None
         if count * torch.empty((), dtype=getattr(torch, dtype)).element_size() < HIER_MIN_BYTES:
             return None
