@@ -6,6 +6,7 @@
  *
  * Usage: test_comm [shm|tcp]   (default: both)
  */
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -406,6 +407,55 @@ static void test_op_started(tcc_comm_t *comm) {
   tcc_op_release(second);
 }
 
+/* Two threads of rank 0 wait on p2p ops at once. Thread A waits (and so
+ * runs the p2p rounds) for a reply that rank 1 sends only after thread B's
+ * second message, which B sends only once its first one is done. B's wait
+ * must end when its op is done, not when A gives up the rounds. */
+typedef struct p2p_thread_arg {
+  tcc_comm_t *comm;
+  int32_t out[2];
+  tcc_result_t r;
+  double secs;
+} p2p_thread_arg_t;
+
+static void *second_waiter(void *p) {
+  p2p_thread_arg_t *a = p;
+  usleep(100 * 1000); /* after A started waiting */
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int k = 0; k < 2 && a->r == TCC_OK; k++) {
+    tcc_op_t *op = NULL;
+    a->r = tcc_send(a->comm, host_buf(&a->out[k], 1, TCC_INT32), 1, 40 + (uint64_t)k, NULL, &op);
+    a->r = wait_op(a->r, op, NULL, 0);
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  a->secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  return NULL;
+}
+
+static void test_p2p_two_waiters(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (n < 2 || me > 1) return;
+  int32_t reply = 0;
+  tcc_op_t *op = NULL;
+  if (me == 1) {
+    int32_t got[2] = {0, 0};
+    CHECK(RUN(tcc_recv(comm, host_buf(&got[0], 1, TCC_INT32), 0, 40, NULL, &op)) == TCC_OK, "recv first");
+    CHECK(RUN(tcc_recv(comm, host_buf(&got[1], 1, TCC_INT32), 0, 41, NULL, &op)) == TCC_OK, "recv second");
+    reply = got[0] + got[1];
+    CHECK(RUN(tcc_send(comm, host_buf(&reply, 1, TCC_INT32), 0, 42, NULL, &op)) == TCC_OK, "send reply");
+    return;
+  }
+  p2p_thread_arg_t b = {.comm = comm, .out = {5, 7}, .r = TCC_OK, .secs = 0};
+  pthread_t tb;
+  CHECK(pthread_create(&tb, NULL, second_waiter, &b) == 0, "thread");
+  tcc_result_t r = RUN(tcc_recv(comm, host_buf(&reply, 1, TCC_INT32), 1, 42, NULL, &op));
+  pthread_join(tb, NULL);
+  CHECK(r == TCC_OK && b.r == TCC_OK && reply == 12, "two waiters: reply %d (%s, %s)", reply,
+        tcc_result_string(r), tcc_result_string(b.r));
+  CHECK(b.secs < 5, "the second waiter's sends took %.2f s", b.secs);
+}
+
 static void all_tests(tcc_comm_t *comm) {
   test_unwaited_collective(comm);
   test_allreduce(comm);
@@ -414,6 +464,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_alltoall(comm);
   test_barrier_waits(comm);
   test_p2p(comm);
+  test_p2p_two_waiters(comm);
   test_any_source(comm);
   test_mismatch(comm);
   test_op_started(comm);

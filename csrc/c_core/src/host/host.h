@@ -111,7 +111,8 @@ void tcc__host_release_runner(tcc_engine_t *e);
 /* The point-to-point thread's main loop (arg: the communicator). */
 void *tcc__host_p2p_thread(void *arg);
 /* Runs p2p rounds on the calling thread until `op` finished (the p2p
- * thread meanwhile waits for p2p_progress). */
+ * thread meanwhile waits for p2p_progress); returns at once when another
+ * thread keeps running them (the op completes there). */
 void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op);
 /* Frees messages that arrived for receives never posted. */
 void tcc__host_free_unexpected(tcc_engine_t *e, int size);

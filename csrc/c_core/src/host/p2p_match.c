@@ -444,7 +444,15 @@ void *tcc__host_p2p_thread(void *arg) {
 
 void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op) {
   tcc_engine_t *e = comm->engine;
-  pthread_mutex_lock(&e->p2p_progress); /* the thread holds it for one round at most */
+  /* The p2p thread holds it for a round at a time; another waiter holds it
+   * until its own op is done, and its rounds complete this op too: then
+   * waiting for the op, not for the lock, lets this thread go on as soon
+   * as its op is done. */
+  for (int tries = 0; pthread_mutex_trylock(&e->p2p_progress) != 0; tries++) {
+    if (atomic_load(&op->finished) || tries >= comm->spin_iters + 64) return;
+    if (tries < comm->spin_iters) tcc_cpu_relax();
+    else sched_yield();
+  }
   pthread_mutex_lock(&e->lock);
   const int go = !e->stopping;
   if (go) e->p2p_waiter_runs = 1;
