@@ -9,12 +9,18 @@ Rank 0 sends, rank 1 receives and sends the same buffer back; a round
 trip is the time between rank 0's send and the end of its receive. Each
 point: warm-up, then the median of 5 batches of rank 0's mean round trip.
 Every payload is checked on both ranks.
+
+At 8 B, rows core-shm and core-tcp time the same round trip of a C
+program driving the core directly (csrc/c_core/tests/bench_latency.c,
+tcc_send/tcc_recv + tcc_op_wait, built if missing): what the layers above
+the core (dist.send/recv, c10d, the shim) add is the difference.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -22,7 +28,20 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORE = os.path.join(ROOT, "csrc", "c_core")
 BATCHES = 5
+
+
+def core_round_trip(transport: str) -> tuple[float, list[float]]:
+    """The C program's 8 B round trip over `transport`: median and batches (us)."""
+    subprocess.run(["make", "-s", "-C", CORE, "build/bench_latency"], check=True)
+    exe = os.path.join(CORE, "build", "bench_latency")
+    out = subprocess.run([exe, "2", transport, "p2p"], check=True, capture_output=True, text=True).stdout
+    batches = [float(b) for b in re.findall(r"batch \d+: ([0-9.]+) us per round trip", out)]
+    m = re.search(r"round trip, 2 ranks, \w+: median ([0-9.]+) us", out)
+    if not m or len(batches) != BATCHES:
+        raise RuntimeError(f"bench_latency printed no round trips:\n{out}")
+    return float(m.group(1)), batches
 
 
 def rank_main(rank: int, sizes: list[int], calls: int, out_path: str) -> None:
@@ -111,6 +130,9 @@ def main() -> None:
             if backend == "gloo" and transport == "tcp":
                 continue  # the same gloo as in the first run
             table.append((name, size, med, batches))
+    if 8 in sizes:
+        for transport in ("shm", "tcp"):
+            table.append((f"core-{transport}", 8, *core_round_trip(transport)))
     lines = [f"send/recv round trip, 2 ranks on one host, us (median of {BATCHES} batches, rank 0)",
              f"{'backend':<12} {'bytes':>9} {'us':>9}  batches"]
     for name, size, med, batches in table:

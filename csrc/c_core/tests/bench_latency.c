@@ -4,10 +4,14 @@
  * tcc_op_release, no torch. The floor under every layer above it
  * (bench/bench_layers.py prints it next to them).
  *
- * Usage: bench_latency [ranks] [shm|tcp]   (default: 2 shm)
+ * Usage: bench_latency [ranks] [shm|tcp] [allreduce|p2p]   (default: 2 shm allreduce)
  * Prints one line per batch on rank 0, then
  *   "core 8 B allreduce, <n> ranks, <transport>: median <us> us per call"
  * Every result is checked (the sum of the ranks' values).
+ *
+ * p2p (2 ranks): round trips of 8 bytes, rank 0 sends and receives the
+ * reply, rank 1 receives and sends it back plus one; each reply checked.
+ *   "core 8 B send/recv round trip, 2 ranks, <transport>: median <us> us"
  */
 #include <stdlib.h>
 
@@ -35,6 +39,46 @@ static int allreduce_once(tcc_comm_t *comm, float *x) {
   const tcc_result_t r = tcc_op_wait(op, -1);
   tcc_op_release(op);
   return r == TCC_OK;
+}
+
+static int p2p_once(tcc_comm_t *comm, float *x, int send) {
+  const tcc_buf_t b = {x, 2, TCC_FLOAT32, -1, NULL};
+  tcc_op_t *op;
+  const int peer = 1 - tcc_comm_rank(comm);
+  if ((send ? tcc_send(comm, b, peer, 7, NULL, &op) : tcc_recv(comm, b, peer, 7, NULL, &op)) != TCC_OK) return 0;
+  const tcc_result_t r = tcc_op_wait(op, -1);
+  tcc_op_release(op);
+  return r == TCC_OK;
+}
+
+/* One round trip; rank 0 checks the reply is its value plus one. */
+static int round_trip(tcc_comm_t *comm, int i) {
+  float x[2] = {(float)i, (float)i};
+  if (tcc_comm_rank(comm) == 0)
+    return p2p_once(comm, x, 1) && p2p_once(comm, x, 0) && x[0] == (float)(i + 1) && x[1] == (float)(i + 1);
+  if (!p2p_once(comm, x, 0)) return 0;
+  x[0] += 1, x[1] += 1;
+  return p2p_once(comm, x, 1);
+}
+
+static void bench_p2p(tcc_comm_t *comm) {
+  const int me = tcc_comm_rank(comm);
+  double per_trip[BATCHES];
+  for (int i = 0; i < WARMUP; i++) CHECK(round_trip(comm, i % 1000), "warm-up round trip %d", i);
+  for (int b = 0; b < BATCHES; b++) {
+    const int64_t start = tcc__now_ns();
+    for (int i = 0; i < CALLS; i++)
+      if (!round_trip(comm, i % 1000)) {
+        CHECK(0, "round trip %d of batch %d failed or gave a wrong reply", i, b);
+        return;
+      }
+    per_trip[b] = (double)(tcc__now_ns() - start) / CALLS / 1000.0;
+    if (me == 0) printf("batch %d: %.2f us per round trip\n", b, per_trip[b]);
+  }
+  if (me == 0)
+    printf("core 8 B send/recv round trip, 2 ranks, %s: median %.2f us\n", tcc_comm_transport_name(comm),
+           median(per_trip, BATCHES));
+  fflush(stdout);
 }
 
 static void bench(tcc_comm_t *comm) {
@@ -68,9 +112,12 @@ static void bench(tcc_comm_t *comm) {
 int main(int argc, char **argv) {
   const int n = argc > 1 ? atoi(argv[1]) : 2;
   const char *transport = argc > 2 ? argv[2] : "shm";
-  if (n < 1 || n > 8 || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0)) {
-    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp]\n");
+  const char *what = argc > 3 ? argv[3] : "allreduce";
+  const int p2p = strcmp(what, "p2p") == 0;
+  if (n < 1 || n > 8 || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0) ||
+      (!p2p && strcmp(what, "allreduce") != 0) || (p2p && n != 2)) {
+    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|p2p (2 ranks)]\n");
     return 2;
   }
-  return run_group(n, transport, 60000, "bench-latency", bench);
+  return run_group(n, transport, 60000, "bench-latency", p2p ? bench_p2p : bench);
 }

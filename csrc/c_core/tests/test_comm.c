@@ -407,6 +407,56 @@ static void test_op_started(tcc_comm_t *comm) {
   tcc_op_release(second);
 }
 
+/* Sends nobody waits on still go out: rank 0 issues more small messages
+ * than its stream to rank 1 holds and then blocks in an allreduce that
+ * rank 1 joins only once it received them all, so the p2p thread must
+ * take the sends over from the submitting thread. Rank 1 takes half of
+ * them by polling (tcc_op_test) and half by short bounded waits, so
+ * neither of those needs the thread either. */
+static void test_unwaited_p2p(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (n < 2) return;
+  enum { COUNT = 64, INTS = 12 << 10 }; /* 48 KiB each, 3 MiB in all: more than a ring */
+  int32_t *data = malloc((size_t)COUNT * INTS * sizeof *data);
+  tcc_op_t *ops[COUNT] = {NULL};
+  if (me == 0) {
+    for (int k = 0; k < COUNT; k++) {
+      for (int i = 0; i < INTS; i++) data[(size_t)k * INTS + i] = k * 100000 + i;
+      CHECK(tcc_send(comm, host_buf(data + (size_t)k * INTS, INTS, TCC_INT32), 1, 50, NULL, &ops[k]) == TCC_OK,
+            "send %d: %s", k, tcc_last_error());
+    }
+  } else if (me == 1) {
+    memset(data, 0, (size_t)COUNT * INTS * sizeof *data);
+    for (int k = 0; k < COUNT; k++) {
+      CHECK(tcc_recv(comm, host_buf(data + (size_t)k * INTS, INTS, TCC_INT32), 0, 50, NULL, &ops[k]) == TCC_OK,
+            "recv %d: %s", k, tcc_last_error());
+      tcc_result_t r = TCC_ERR_INPROGRESS;
+      for (int polls = 0; polls < 60000 && r == TCC_ERR_INPROGRESS; polls++) {
+        if (k % 2) r = tcc_op_wait(ops[k], 5);
+        else if (tcc_op_test(ops[k])) r = tcc_op_result(ops[k]);
+        else usleep(100);
+      }
+      CHECK(r == TCC_OK, "recv %d by %s: %s (%s)", k, k % 2 ? "bounded waits" : "polling", tcc_result_string(r),
+            tcc_op_error(ops[k]));
+    }
+  }
+  float x = 1;
+  tcc_op_t *op;
+  CHECK(RUN(tcc_allreduce(comm, host_buf(&x, 1, TCC_FLOAT32), host_buf(&x, 1, TCC_FLOAT32), TCC_SUM, NULL, &op)) ==
+            TCC_OK && x == (float)n, "allreduce after unwaited sends gave %f", x);
+  for (int k = 0; k < COUNT && me <= 1; k++) {
+    if (!ops[k]) continue;
+    CHECK(tcc_op_test(ops[k]) == 1 && tcc_op_result(ops[k]) == TCC_OK, "p2p op %d not done: %s", k,
+          tcc_op_error(ops[k]));
+    tcc_op_release(ops[k]);
+  }
+  size_t bad = 0;
+  for (int k = 0; k < COUNT && me == 1; k++)
+    for (int i = 0; i < INTS; i++) bad += data[(size_t)k * INTS + i] != k * 100000 + i;
+  CHECK(bad == 0, "unwaited sends: %zu wrong ints", bad);
+  free(data);
+}
+
 /* Two threads of rank 0 wait on p2p ops at once. Thread A waits (and so
  * runs the p2p rounds) for a reply that rank 1 sends only after thread B's
  * second message, which B sends only once its first one is done. B's wait
@@ -457,6 +507,7 @@ static void test_p2p_two_waiters(tcc_comm_t *comm) {
 }
 
 static void all_tests(tcc_comm_t *comm) {
+  test_unwaited_p2p(comm); /* first: the p2p thread sleeps until a submit wakes it */
   test_unwaited_collective(comm);
   test_allreduce(comm);
   test_reduce_and_bcast(comm);
@@ -470,6 +521,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_op_started(comm);
   /* Again while the engine is busy (it polls rather than being woken). */
   test_unwaited_collective(comm);
+  test_unwaited_p2p(comm);
   test_peer_leaves_early(comm); /* last: ranks 2.. leave here */
 }
 

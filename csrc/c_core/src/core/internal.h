@@ -85,6 +85,7 @@ struct tcc_op {
   /* completion */
   atomic_int finished;        /* 0 running, 1 finished */
   atomic_uint finished_futex; /* waiters sleep here */
+  atomic_int finished_sleepers; /* ... this many now: finishing wakes only when some do */
   tcc_result_t result;
   char error[TCC_ERRLEN];
   pthread_mutex_t cb_lock;

@@ -28,8 +28,11 @@ void tcc__op_finish(tcc_op_t *op, tcc_result_t result, const char *msg) {
   /* The callback runs before waiters wake, so when wait() returns any
    * future completed by the callback is already complete. */
   if (cb) cb(op, arg);
+  /* A waiter counts itself before its last look at `finished`, and this
+   * reads the count after setting it (both sequentially consistent): it
+   * either sees the op finished or is counted here. */
   atomic_fetch_add(&op->finished_futex, 1);
-  tcc__futex_wake_all(&op->finished_futex);
+  if (atomic_load(&op->finished_sleepers) > 0) tcc__futex_wake_all(&op->finished_futex);
 }
 
 static bool op_finished(void *op) { return atomic_load(&((tcc_op_t *)op)->finished); }
@@ -38,7 +41,7 @@ tcc_result_t tcc__op_await(tcc_op_t *op, int64_t timeout_ms) {
   const int64_t deadline_ns = timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms);
   const tcc__idle_wait_t w = {.ready = op_finished, .arg = op, .spins = op->comm->spin_iters,
                               .max_nap_ns = 100 * 1000000LL, .deadline_ns = deadline_ns,
-                              .word = &op->finished_futex};
+                              .word = &op->finished_futex, .sleepers = &op->finished_sleepers};
   return tcc__idle_wait(&w) == TCC_OK ? op->result : TCC_ERR_INPROGRESS;
 }
 

@@ -27,7 +27,7 @@ static tcc_result_t host_attach(tcc_comm_t *comm, tcc_err_t *err) {
   pthread_mutex_init(&e->lock, NULL);
   pthread_mutex_init(&e->p2p_progress, NULL);
   tcc__cond_init_monotonic(&e->coll_cv); /* timed waits on the tcc__now_ns clock */
-  pthread_cond_init(&e->p2p_cv, NULL);
+  tcc__cond_init_monotonic(&e->p2p_cv);
   pthread_cond_init(&e->waiter_cv, NULL);
   comm->engine = e;
   int rc = pthread_create(&e->coll_thread, NULL, tcc__host_coll_thread, comm);
@@ -72,10 +72,16 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   tcc__op_begin(op);
   tcc__queue_push(&e->p2p_new_head, &e->p2p_new_tail, op);
   e->p2p_pending++;
-  int idle = e->p2p_idle;
-  if (idle) pthread_cond_signal(&e->p2p_cv);
+  e->p2p_last_submit_ns = tcc__now_ns();
   pthread_mutex_unlock(&e->lock);
-  if (!idle) comm->ops->p2p_notify(comm);
+  /* The caller's round first; the p2p thread only when it must (host.h). */
+  if (tcc__host_p2p_round_now(comm, op)) return TCC_OK;
+  pthread_mutex_lock(&e->lock);
+  const int deep = e->p2p_deep_sleep, idle = e->p2p_idle;
+  if (deep) pthread_cond_signal(&e->p2p_cv);
+  pthread_mutex_unlock(&e->lock);
+  if (op->bytes > P2P_EAGER_BYTES) tcc__host_p2p_kick(comm);
+  else if (!idle) comm->ops->p2p_notify(comm); /* it runs rounds: may sleep in the transport */
   return TCC_OK;
 }
 
@@ -124,15 +130,27 @@ static void host_release(tcc_comm_t *comm) {
   comm->engine = NULL;
 }
 
-static int host_test(tcc_op_t *op) { return atomic_load(&op->finished); }
+static int host_test(tcc_op_t *op) {
+  if (atomic_load(&op->finished)) return 1;
+  /* A caller polling a p2p op runs its rounds, as a waiter does. */
+  return op->kind != TCC_OP_COLL && op->comm->engine && tcc__host_p2p_round_now(op->comm, op);
+}
 
 static tcc_result_t host_wait(tcc_op_t *op, int64_t timeout_ms) {
   tcc_comm_t *comm = op->comm;
   /* Run the queue (p2p rounds) ourselves when nobody else is: see host.h.
-   * A bounded wait must not: a collective, once started, runs until it
-   * ends or its own deadline passes, which may be long after timeout_ms. */
+   * A bounded wait must not run collectives: one, once started, runs until
+   * it ends or its own deadline passes, which may be long after
+   * timeout_ms. p2p rounds stop at any point, so it runs those. */
   tcc_engine_t *e = comm->engine;
-  if (op->kind != TCC_OP_COLL && e && timeout_ms < 0) tcc__host_drive_p2p(comm, op);
+  if (op->kind != TCC_OP_COLL && e) {
+    const int64_t deadline_ns = timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms);
+    tcc__host_drive_p2p(comm, op, deadline_ns);
+    if (timeout_ms >= 0) {
+      const int64_t left_ns = deadline_ns - tcc__now_ns();
+      timeout_ms = left_ns > 0 ? left_ns / 1000000 : 0;
+    }
+  }
   if (op->kind == TCC_OP_COLL && e) {
     if (timeout_ms < 0 && tcc__host_claim_runner(e)) {
       tcc__host_run_queue(comm, op);
@@ -146,7 +164,10 @@ static tcc_result_t host_wait(tcc_op_t *op, int64_t timeout_ms) {
 
 static void host_start(tcc_op_t *op) {
   /* (The engine's memory lives as long as any op of it.) */
-  if (op->kind != TCC_OP_COLL) return;
+  if (op->kind != TCC_OP_COLL) {
+    if (op->comm->engine) tcc__host_p2p_kick(op->comm);
+    return;
+  }
   tcc_engine_t *e = op->comm->engine;
   pthread_mutex_lock(&e->lock);
   if (e->coll_head && !e->runner_busy) pthread_cond_signal(&e->coll_cv);

@@ -348,11 +348,12 @@ void tcc__host_free_unexpected(tcc_engine_t *e, int size) {
 }
 
 /* One round of point-to-point work: adopts the ops submitted since the
- * last one, moves what the streams allow to and from every peer, fails
- * what timed out (everything, once the communicator failed or stops).
- * want_write[p] says afterwards whether a send to p waits for room. The
- * caller holds e->p2p_progress. Returns the bytes moved. */
-static ssize_t p2p_round(tcc_comm_t *comm, bool *want_write) {
+ * last one, moves what the streams allow to and from every peer (only
+ * `only_peer` unless it is TCC_ANY_SOURCE), fails what timed out
+ * (everything, once the communicator failed or stops). want_write[p]
+ * says afterwards whether a send to p waits for room. The caller holds
+ * e->p2p_progress. Returns the bytes moved. */
+static ssize_t p2p_round_of(tcc_comm_t *comm, bool *want_write, int only_peer) {
   tcc_engine_t *e = comm->engine;
   pthread_mutex_lock(&e->lock);
   tcc_op_t *fresh = e->p2p_new_head;
@@ -373,7 +374,9 @@ static ssize_t p2p_round(tcc_comm_t *comm, bool *want_write) {
   }
 
   ssize_t moved = 0;
-  for (int p = 0; p < comm->size; p++) {
+  const int first = only_peer == TCC_ANY_SOURCE ? 0 : only_peer;
+  const int end = only_peer == TCC_ANY_SOURCE ? comm->size : only_peer + 1;
+  for (int p = first; p < end; p++) {
     peer_state_t *ps = &e->peers[p];
     want_write[p] = false;
     /* no self channel (peers are validated); nothing more from a broken one */
@@ -392,10 +395,16 @@ static ssize_t p2p_round(tcc_comm_t *comm, bool *want_write) {
   return moved;
 }
 
+static ssize_t p2p_round(tcc_comm_t *comm, bool *want_write) { return p2p_round_of(comm, want_write, TCC_ANY_SOURCE); }
+
+#define P2P_POLL_NS (1000 * 1000LL)                /* 1 ms */
+#define P2P_POLL_WINDOW_NS (2000 * 1000 * 1000LL) /* 2 s */
+
 /* How a runner of rounds waits when a round moved nothing: a while of
  * rounds spinning (`spins`) then yielding (`yields`), then a sleep until a
- * stream is ready, new work is notified, or 50 ms. */
-static void p2p_idle(tcc_comm_t *comm, const bool *want_write, int *idle_rounds, int spins, int yields) {
+ * stream is ready, new work is notified, or `max_ns` (at most 50 ms). */
+static void p2p_idle(tcc_comm_t *comm, const bool *want_write, int *idle_rounds, int spins, int yields,
+                     int64_t max_ns) {
   const int k = (*idle_rounds)++;
   if (k < spins) {
     tcc_cpu_relax();
@@ -406,7 +415,38 @@ static void p2p_idle(tcc_comm_t *comm, const bool *want_write, int *idle_rounds,
     return;
   }
   *idle_rounds = 0;
-  comm->ops->p2p_wait(comm, want_write, 50 * 1000000LL);
+  const int64_t cap = 50 * 1000000LL;
+  comm->ops->p2p_wait(comm, want_write, max_ns < cap ? max_ns : cap);
+}
+
+static void note_attended(tcc_engine_t *e) {
+  atomic_store_explicit(&e->p2p_attended_ns, tcc__now_ns(), memory_order_relaxed);
+}
+
+/* Whether the p2p thread should sleep rather than run rounds: nothing is
+ * pending, or a caller runs the rounds now or did within P2P_POLL_NS (see
+ * host.h). The caller holds e->lock. */
+static bool p2p_left_to_callers(tcc_engine_t *e, int64_t now) {
+  if (e->stopping) return false;
+  if (!e->p2p_new_head && e->p2p_pending == 0) return true;
+  return e->p2p_waiter_runs || now - atomic_load_explicit(&e->p2p_attended_ns, memory_order_relaxed) < P2P_POLL_NS;
+}
+
+/* The p2p thread's sleep on p2p_cv: polling while the communicator sends
+ * or receives, until signalled after a quiet spell. The caller holds e->lock. */
+static void p2p_thread_sleep(tcc_engine_t *e, int64_t now) {
+  e->p2p_idle = 1;
+  /* A waiter running rounds signals when it leaves ops behind. */
+  if (!e->p2p_waiter_runs && (e->p2p_pending > 0 || now - e->p2p_last_submit_ns < P2P_POLL_WINDOW_NS)) {
+    const int64_t until = now + P2P_POLL_NS;
+    const struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
+    pthread_cond_timedwait(&e->p2p_cv, &e->lock, &ts);
+  } else {
+    e->p2p_deep_sleep = 1;
+    pthread_cond_wait(&e->p2p_cv, &e->lock);
+    e->p2p_deep_sleep = 0;
+  }
+  e->p2p_idle = 0;
 }
 
 void *tcc__host_p2p_thread(void *arg) {
@@ -416,15 +456,15 @@ void *tcc__host_p2p_thread(void *arg) {
   int idle_spins = 0;
   for (;;) {
     pthread_mutex_lock(&e->lock);
-    if (!e->p2p_new_head && e->p2p_pending == 0) {
-      if (e->stopping) {
-        pthread_mutex_unlock(&e->lock);
-        break;
-      }
-      e->p2p_idle = 1;
-      pthread_cond_wait(&e->p2p_cv, &e->lock);
-      e->p2p_idle = 0;
+    if (e->stopping && !e->p2p_new_head && e->p2p_pending == 0) {
       pthread_mutex_unlock(&e->lock);
+      break;
+    }
+    const int64_t now = tcc__now_ns();
+    if (p2p_left_to_callers(e, now)) {
+      p2p_thread_sleep(e, now);
+      pthread_mutex_unlock(&e->lock);
+      idle_spins = 0;
       continue;
     }
     pthread_mutex_unlock(&e->lock);
@@ -436,18 +476,41 @@ void *tcc__host_p2p_thread(void *arg) {
       continue;
     }
     if (e->p2p_pending == 0) continue;
-    p2p_idle(comm, want_write, &idle_spins, comm->spin_iters / 16, 0);
+    p2p_idle(comm, want_write, &idle_spins, comm->spin_iters / 16, 0, INT64_MAX);
   }
   free(want_write);
   return NULL;
 }
 
-void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op) {
+bool tcc__host_p2p_round_now(tcc_comm_t *comm, tcc_op_t *op) {
+  tcc_engine_t *e = comm->engine;
+  note_attended(e); /* here, or in whoever holds the lock */
+  if (pthread_mutex_trylock(&e->p2p_progress) != 0) return atomic_load(&op->finished);
+  /* Its own peer's stream only: a round over every stream of a large
+   * group costs a system call per peer on TCP. */
+  p2p_round_of(comm, e->waiter_want_write, op->peer);
+  pthread_mutex_unlock(&e->p2p_progress);
+  return atomic_load(&op->finished);
+}
+
+void tcc__host_p2p_kick(tcc_comm_t *comm) {
+  tcc_engine_t *e = comm->engine;
+  atomic_store_explicit(&e->p2p_attended_ns, 0, memory_order_relaxed);
+  pthread_mutex_lock(&e->lock);
+  const int idle = e->p2p_idle;
+  if (idle) pthread_cond_signal(&e->p2p_cv);
+  pthread_mutex_unlock(&e->lock);
+  /* Not on p2p_cv: it may sleep in the transport's wait. */
+  if (!idle) comm->ops->p2p_notify(comm);
+}
+
+void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
   tcc_engine_t *e = comm->engine;
   /* The p2p thread holds it for a round at a time; another waiter holds it
    * until its own op is done, and its rounds complete this op too: then
    * waiting for the op, not for the lock, lets this thread go on as soon
    * as its op is done. */
+  note_attended(e);
   for (int tries = 0; pthread_mutex_trylock(&e->p2p_progress) != 0; tries++) {
     if (atomic_load(&op->finished) || tries >= comm->spin_iters + 64) return;
     if (tries < comm->spin_iters) tcc_cpu_relax();
@@ -463,16 +526,19 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op) {
       idle_spins = 0;
       continue;
     }
+    if (atomic_load(&op->finished)) break;
+    const int64_t left = deadline_ns - tcc__now_ns();
+    if (left <= 0) break;
     /* Waiting for its own message, as a collective waits for its peers
      * (core/idle_wait.c): spin, yield, then sleep. */
-    if (!atomic_load(&op->finished)) p2p_idle(comm, e->waiter_want_write, &idle_spins, comm->spin_iters, 64);
+    p2p_idle(comm, e->waiter_want_write, &idle_spins, comm->spin_iters, 64, left);
   }
+  /* Ops left pending are the p2p thread's after P2P_POLL_NS from now. */
+  note_attended(e);
   pthread_mutex_unlock(&e->p2p_progress);
   pthread_mutex_lock(&e->lock);
   if (e->p2p_waiter_runs && e->stopping) pthread_cond_broadcast(&e->waiter_cv);
+  if (e->p2p_waiter_runs && e->p2p_idle && (e->p2p_new_head || e->p2p_pending > 0)) pthread_cond_signal(&e->p2p_cv);
   e->p2p_waiter_runs = 0;
   pthread_mutex_unlock(&e->lock);
-  /* The thread may sleep on what it last saw: let it look again at the
-   * ops this waiter leaves behind. */
-  if (e->p2p_pending > 0) comm->ops->p2p_notify(comm);
 }

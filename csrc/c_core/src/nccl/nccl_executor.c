@@ -281,7 +281,7 @@ static bool event_done(void *op) { return nccl_test(op); }
 static tcc_result_t nccl_wait(tcc_op_t *op, int64_t timeout_ms) {
   const tcc__idle_wait_t w = {.ready = event_done, .arg = op, .max_nap_ns = 1000 * 1000LL,
                               .deadline_ns = timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms),
-                              .word = &op->finished_futex};
+                              .word = &op->finished_futex, .sleepers = &op->finished_sleepers};
   return tcc__idle_wait(&w) == TCC_OK ? op->result : TCC_ERR_INPROGRESS;
 }
 

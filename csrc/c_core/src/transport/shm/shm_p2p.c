@@ -111,6 +111,7 @@ void tcc__shm_p2p_notify(tcc_comm_t *comm) {
   shm_state_t *st = shm_of(comm);
   if (!st) return;
   shm_rank_ctrl_t *me = shm_ctrl(st, comm->rank);
+  /* Bumped first: a thread about to sleep sees the change (idle_wait.c). */
   atomic_fetch_add(&me->doorbell, 1);
-  tcc__futex_wake_all(&me->doorbell);
+  if (atomic_load(&me->doorbell_sleeping)) tcc__futex_wake_all(&me->doorbell);
 }
