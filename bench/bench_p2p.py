@@ -38,7 +38,7 @@ def core_round_trip(transport: str) -> tuple[float, list[float]]:
     exe = os.path.join(CORE, "build", "bench_latency")
     out = subprocess.run([exe, "2", transport, "p2p"], check=True, capture_output=True, text=True).stdout
     batches = [float(b) for b in re.findall(r"batch \d+: ([0-9.]+) us per round trip", out)]
-    m = re.search(r"round trip, 2 ranks, \w+: median ([0-9.]+) us", out)
+    m = re.search(r"round trip, ranks 0-1 of \d+, \S+: median ([0-9.]+) us", out)
     if not m or len(batches) != BATCHES:
         raise RuntimeError(f"bench_latency printed no round trips:\n{out}")
     return float(m.group(1)), batches

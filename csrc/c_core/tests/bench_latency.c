@@ -12,6 +12,9 @@
  * p2p (2 ranks): round trips of 8 bytes, rank 0 sends and receives the
  * reply, rank 1 receives and sends it back plus one; each reply checked.
  *   "core 8 B send/recv round trip, 2 ranks, <transport>: median <us> us"
+ * Transport "hybrid" (p2p only): 4 ranks on 2 simulated hosts (ranks 2h
+ * and 2h+1 on host h); ranks 0 and 1, of one host, take the round trips
+ * while the others leave.
  */
 #include <stdlib.h>
 
@@ -63,6 +66,7 @@ static int round_trip(tcc_comm_t *comm, int i) {
 
 static void bench_p2p(tcc_comm_t *comm) {
   const int me = tcc_comm_rank(comm);
+  if (me > 1) return;
   double per_trip[BATCHES];
   for (int i = 0; i < WARMUP; i++) CHECK(round_trip(comm, i % 1000), "warm-up round trip %d", i);
   for (int b = 0; b < BATCHES; b++) {
@@ -76,7 +80,8 @@ static void bench_p2p(tcc_comm_t *comm) {
     if (me == 0) printf("batch %d: %.2f us per round trip\n", b, per_trip[b]);
   }
   if (me == 0)
-    printf("core 8 B send/recv round trip, 2 ranks, %s: median %.2f us\n", tcc_comm_transport_name(comm),
+    printf("core 8 B send/recv round trip, ranks 0-1 of %d, %s: median %.2f us\n", tcc_comm_size(comm),
+           tcc_comm_transport_name(comm),
            median(per_trip, BATCHES));
   fflush(stdout);
 }
@@ -113,11 +118,12 @@ int main(int argc, char **argv) {
   const int n = argc > 1 ? atoi(argv[1]) : 2;
   const char *transport = argc > 2 ? argv[2] : "shm";
   const char *what = argc > 3 ? argv[3] : "allreduce";
-  const int p2p = strcmp(what, "p2p") == 0;
-  if (n < 1 || n > 8 || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0) ||
-      (!p2p && strcmp(what, "allreduce") != 0) || (p2p && n != 2)) {
-    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|p2p (2 ranks)]\n");
+  const int p2p = strcmp(what, "p2p") == 0, hybrid = strcmp(transport, "hybrid") == 0;
+  if (n < 1 || n > 8 || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0 && !hybrid) ||
+      (!p2p && strcmp(what, "allreduce") != 0) || (p2p && n != (hybrid ? 4 : 2)) || (hybrid && !p2p)) {
+    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|p2p (2 ranks)]\n"
+                    "       bench_latency 4 hybrid p2p\n");
     return 2;
   }
-  return run_group(n, transport, 60000, "bench-latency", p2p ? bench_p2p : bench);
+  return run_group(n, hybrid ? "auto-pairs" : transport, 60000, "bench-latency", p2p ? bench_p2p : bench);
 }

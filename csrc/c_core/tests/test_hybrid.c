@@ -26,6 +26,7 @@
 #include "check.h"
 #include "group.h"
 #include "tccomm.h"
+#include "transport/shm/shm.h" /* the local view's rings, to see which way p2p went */
 
 /* Messages from this size on run hierarchically (coll/coll_hier.c), all_gather
  * from the second. */
@@ -486,6 +487,87 @@ static void test_alltoall(tcc_comm_t *comm) {
     }
 }
 
+/* ---- point-to-point: rings within a host, TCP across -------------------- */
+
+static int32_t p2p_value(int from, int to, size_t i) { return (int32_t)(i * 7 + (size_t)from * 1000 + (size_t)to); }
+
+/* Bytes this rank has ever written into its ring to group rank `peer`,
+ * or -1 when the peer is on another host (no ring). */
+static long long ring_bytes_to(tcc_comm_t *comm, int peer) {
+  const tcc__topology_t *t = comm->topo;
+  if (!t || !t->local || t->host_of[peer] != t->host) return -1;
+  shm_state_t *st = shm_of(t->local);
+  return (long long)atomic_load(&shm_ring_of(st, t->local->rank, t->local_index[peer])->head);
+}
+
+/* Every rank sends to every other at once (sizes from one element to 3
+ * MiB, several times a ring's capacity), then receives from any source:
+ * every byte checked, and the bytes to each peer of this host counted in
+ * its ring (so they did not go through TCP), none for the other hosts. */
+static void test_p2p_paths(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const size_t sizes[] = {1, 2500, 3u << 18};
+  for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+    const size_t count = sizes[si];
+    int32_t *out = malloc((size_t)n * count * sizeof *out), *in = malloc((size_t)n * count * sizeof *in);
+    tcc_op_t *ops[16];
+    long long before[8];
+    int k = 0;
+    for (int q = 0; q < n; q++) {
+      before[q] = q == me ? -1 : ring_bytes_to(comm, q);
+      for (size_t i = 0; i < count; i++) {
+        out[(size_t)q * count + i] = p2p_value(me, q, i);
+        in[(size_t)q * count + i] = -1;
+      }
+    }
+    for (int q = 0; q < n; q++)
+      if (q != me)
+        CHECK(tcc_recv(comm, host_buf(in + (size_t)q * count, count, TCC_INT32), q, 40 + si, NULL, &ops[k++]) ==
+                  TCC_OK, "%s: recv", spec);
+    for (int q = 0; q < n; q++)
+      if (q != me)
+        CHECK(tcc_send(comm, host_buf(out + (size_t)q * count, count, TCC_INT32), q, 40 + si, NULL, &ops[k++]) ==
+                  TCC_OK, "%s: send", spec);
+    for (int j = 0; j < k; j++)
+      CHECK(finish(TCC_OK, ops[j], NULL, 0) == TCC_OK, "%s: p2p of %zu elements: %s", spec, count, tcc_last_error());
+    for (int q = 0; q < n; q++) {
+      if (q == me) continue;
+      size_t bad = 0;
+      for (size_t i = 0; i < count; i++)
+        if (in[(size_t)q * count + i] != p2p_value(q, me, i) && bad++ < 3)
+          CHECK(0, "%s: %zu elements from rank %d: element %zu is %d", spec, count, q, i, in[(size_t)q * count + i]);
+      long long after = ring_bytes_to(comm, q);
+      if (before[q] < 0)
+        CHECK(after < 0, "%s: rank %d is on another host but has a ring", spec, q);
+      else
+        CHECK(after - before[q] >= (long long)(count * sizeof(int32_t)),
+              "%s: %zu bytes sent to rank %d of this host, %lld through its ring", spec, count * sizeof(int32_t), q,
+              after - before[q]);
+    }
+    free(out);
+    free(in);
+  }
+  /* Any source: rank 0 takes one message from every other rank, whichever
+   * way each comes. */
+  int32_t got = -1;
+  if (me == 0) {
+    bool seen[8] = {false};
+    for (int j = 1; j < n; j++) {
+      tcc_op_t *op = NULL;
+      CHECK(tcc_recv(comm, host_buf(&got, 1, TCC_INT32), TCC_ANY_SOURCE, 77, NULL, &op) == TCC_OK, "any recv");
+      const tcc_result_t r = tcc_op_wait(op, -1);
+      const int from = tcc_op_peer(op);
+      tcc_op_release(op);
+      CHECK(r == TCC_OK && from > 0 && from < n && got == p2p_value(from, 0, 0) && !seen[from],
+            "%s: any-source receive %d: %d from %d", spec, j, got, from);
+      if (from > 0 && from < n) seen[from] = true;
+    }
+  } else {
+    int32_t v = p2p_value(me, 0, 0);
+    CHECK(RUN(tcc_send(comm, host_buf(&v, 1, TCC_INT32), 0, 77, NULL, &op)) == TCC_OK, "%s: send to 0", spec);
+  }
+}
+
 /* Ranks that disagree on a hierarchical allreduce fail alike, and the
  * group stays usable. */
 static void test_mismatch(tcc_comm_t *comm) {
@@ -511,6 +593,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_reduce_scatter(comm);
   test_reduce(comm);
   test_alltoall(comm);
+  test_p2p_paths(comm);
   if (tcc_comm_size(comm) > 1) test_mismatch(comm);
   test_allreduce_ops(comm); /* still right after the mismatch */
 }
@@ -540,6 +623,27 @@ static void dead_rank_test(tcc_comm_t *comm) {
         tcc_result_string(r), msg);
   CHECK(secs < 3, "%s: the dead rank was noticed after %.2f s", spec, secs);
   free(buf);
+}
+
+/* The last rank exits; a receive from it fails within about a second on
+ * every other rank, over its ring on its host and over TCP elsewhere. */
+static void dead_rank_p2p_test(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (me == n - 1) _exit(0);
+  int32_t x = 0;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  char msg[TCC_ERRLEN] = "";
+  tcc_op_t *op = NULL;
+  tcc_result_t r = tcc_recv(comm, host_buf(&x, 1, TCC_INT32), n - 1, 9, NULL, &op);
+  r = finish(r, op, msg, sizeof msg);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  char dead[32];
+  snprintf(dead, sizeof dead, "rank %d", n - 1);
+  CHECK(r == TCC_ERR_REMOTE && strstr(msg, dead) && strstr(msg, "dead-group"), "%s: receive from the dead rank gave %s: %s",
+        spec, tcc_result_string(r), msg);
+  CHECK(secs < (getenv("TCC_TEST_SLOW") ? 5.0 : 1.0), "%s: the dead rank was noticed after %.2f s", spec, secs);
 }
 
 /* ---- a rank that dies in the middle of a hierarchical op ----------------- */
@@ -634,6 +738,9 @@ int main(void) {
     spec = dead_specs[d];
     int bad = run_group(4, spec, 30000, "dead-group", dead_rank_test);
     printf("%s %s dead rank\n", bad ? "FAIL" : "ok  ", spec);
+    bad ? failed++ : passed++;
+    bad = run_group(4, spec, 30000, "dead-group", dead_rank_p2p_test);
+    printf("%s %s dead rank, receive from it\n", bad ? "FAIL" : "ok  ", spec);
     bad ? failed++ : passed++;
   }
   const double death_points[] = {0.1, 0.35, 0.6, 0.85};

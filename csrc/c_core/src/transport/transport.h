@@ -128,6 +128,8 @@ typedef struct tcc__topology {
    * is the leaders'. */
   tcc_comm_t *local;
   tcc_comm_t *cross;
+  /* Point-to-point with the ranks of this host (transport/hybrid/). */
+  struct tcc__hybrid_p2p *p2p;
 } tcc__topology_t;
 
 /* Each transport's setup. `blobs` as in tcc_comm_create; on success sets

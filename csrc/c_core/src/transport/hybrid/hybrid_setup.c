@@ -11,6 +11,7 @@
 
 static void topology_free(tcc__topology_t *t) {
   if (!t) return;
+  tcc__hybrid_p2p_stop(t->p2p); /* its relay sleeps on the local view */
   tcc__comm_view_free(t->local);
   tcc__comm_view_free(t->cross);
   free(t->host_of);
@@ -141,9 +142,9 @@ static void hybrid_failed(tcc_comm_t *comm, bool announce) {
 static const tcc_transport_ops_t hybrid_ops = {
     .name = "shm+tcp",
     .streams = &tcc__tcp_streams,
-    .p2p_write = tcc__tcp_p2p_write,
-    .p2p_read = tcc__tcp_p2p_read,
-    .p2p_wait = tcc__tcp_p2p_wait,
+    .p2p_write = tcc__hybrid_p2p_write,
+    .p2p_read = tcc__hybrid_p2p_read,
+    .p2p_wait = tcc__hybrid_p2p_wait,
     .p2p_notify = tcc__tcp_p2p_notify,
     .destroy = hybrid_destroy,
     .failed = hybrid_failed,
@@ -158,13 +159,15 @@ tcc_result_t tcc__hybrid_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_b
   tcc_result_t r = tcc__tcp_setup(comm, ep, blobs, err);
   if (r == TCC_OK) r = local_view_setup(comm, t, blobs, err);
   if (r == TCC_OK) r = cross_view_setup(comm, t, err);
+  comm->topo = t; /* the p2p relay reads it */
+  if (r == TCC_OK) r = tcc__hybrid_p2p_start(comm, err);
   if (r != TCC_OK) {
+    comm->topo = NULL;
     topology_free(t);
     if (comm->ops) comm->ops->destroy(comm);
     comm->ops = NULL;
     return r;
   }
-  comm->topo = t;
   comm->ops = &hybrid_ops;
   if (TCC__LOG_ON(TCC__LOG_INFO)) log_topology(comm, t);
   return TCC_OK;

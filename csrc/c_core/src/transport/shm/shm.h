@@ -128,6 +128,18 @@ ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t l
 ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
 void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
 void tcc__shm_p2p_notify(tcc_comm_t *comm);
+/* For a p2p thread that sleeps elsewhere than on this rank's doorbell (a
+ * hybrid group's, in TCP's poll), with a relay thread waking it:
+ *  - sleep_begin: false when some ring can move bytes now (want_write[p]:
+ *    there are bytes for peer p); true when nothing can, and from then on
+ *    the peers ring the doorbell on every write and read, until sleep_end;
+ *  - the relay runs until *stop, calling wake(arg) after each ring of the
+ *    doorbell (whoever sets *stop then notifies). */
+bool tcc__shm_p2p_sleep_begin(tcc_comm_t *comm, const bool *want_write);
+void tcc__shm_p2p_sleep_end(tcc_comm_t *comm);
+void tcc__shm_doorbell_relay(tcc_comm_t *comm, atomic_bool *stop, void (*wake)(void *), void *arg);
+/* Wakes whatever sleeps on this rank's doorbell, counted or not (the relay's stop). */
+void tcc__shm_doorbell_wake(tcc_comm_t *comm);
 
 /* shm_cma.c. publish: before the rank counts itself attached, offers
  * single-copy reads of its memory unless TCCOMM_CMA=0 (this rank's own

@@ -66,17 +66,47 @@ ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc
 }
 
 /* True when some ring can move bytes for us right now. */
-static int p2p_ready(tcc_comm_t *comm, shm_state_t *st, const bool *want_write) {
+static bool p2p_ready(tcc_comm_t *comm, shm_state_t *st, const bool *want_write) {
   for (int p = 0; p < comm->size; p++) {
     if (p == comm->rank) continue;
     shm_ring_t *in = shm_ring_of(st, p, comm->rank);
-    if (atomic_load(&in->head) != atomic_load(&in->tail)) return 1;
+    if (atomic_load(&in->head) != atomic_load(&in->tail)) return true;
     if (want_write[p]) {
       shm_ring_t *out = shm_ring_of(st, comm->rank, p);
-      if (atomic_load(&out->head) - atomic_load(&out->tail) < st->hdr->ring_bytes) return 1;
+      if (atomic_load(&out->head) - atomic_load(&out->tail) < st->hdr->ring_bytes) return true;
     }
   }
-  return 0;
+  return false;
+}
+
+bool tcc__shm_p2p_sleep_begin(tcc_comm_t *comm, const bool *want_write) {
+  shm_state_t *st = shm_of(comm);
+  /* Counted first: a peer's write or read after the check below sees the
+   * count and rings (both sides seq_cst). */
+  atomic_fetch_add(&shm_ctrl(st, comm->rank)->doorbell_sleeping, 1);
+  if (!p2p_ready(comm, st, want_write)) return true;
+  tcc__shm_p2p_sleep_end(comm);
+  return false;
+}
+
+void tcc__shm_p2p_sleep_end(tcc_comm_t *comm) {
+  atomic_fetch_sub(&shm_ctrl(shm_of(comm), comm->rank)->doorbell_sleeping, 1);
+}
+
+void tcc__shm_doorbell_relay(tcc_comm_t *comm, atomic_bool *stop, void (*wake)(void *), void *arg) {
+  atomic_uint *bell = &shm_ctrl(shm_of(comm), comm->rank)->doorbell;
+  unsigned seen = atomic_load(bell);
+  while (!atomic_load(stop)) {
+    /* Returns at once when the count moved since `seen`: no ring is lost
+     * between a wake-up and the next sleep. Bounded: a lost stop costs a
+     * second. */
+    tcc__futex_wait(bell, seen, 1000 * 1000000LL);
+    const unsigned now = atomic_load(bell);
+    if (now != seen) {
+      seen = now;
+      wake(arg);
+    }
+  }
 }
 
 /* What ends the p2p thread's sleep: a ring it can move bytes on, the
@@ -105,6 +135,12 @@ void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns)
                               .deadline_ns = max_ns > INT64_MAX - now ? INT64_MAX : now + max_ns,
                               .word = &me->doorbell, .sleepers = &me->doorbell_sleeping};
   tcc__idle_wait(&w);
+}
+
+void tcc__shm_doorbell_wake(tcc_comm_t *comm) {
+  atomic_uint *bell = &shm_ctrl(shm_of(comm), comm->rank)->doorbell;
+  atomic_fetch_add(bell, 1);
+  tcc__futex_wake_all(bell);
 }
 
 void tcc__shm_p2p_notify(tcc_comm_t *comm) {
