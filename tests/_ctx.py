@@ -134,9 +134,8 @@ class Ctx:
         order of their lowest rank (README: "Groups that span hosts").
         Hierarchical when the group has ranks on several hosts and some host
         has several, from HIER_MIN_BYTES of input, except for float16 and
-        bfloat16 (AVG sums in this order and divides once); reduce and
-        reduce_scatter only on hosts with equal rank counts
-        (csrc/c_core/src/coll/coll_hier.c)."""
+        bfloat16 (AVG sums in this order and divides once); reduce_scatter
+        only on hosts with equal rank counts (csrc/c_core/src/coll/coll_hier.c)."""
         if not self.strict or not self.hosts:
             return None
         if dtype in ("float16", "bfloat16"):
@@ -150,7 +149,7 @@ class Ctx:
         blocks = sorted(by_host.values())
         if len(blocks) < 2 or len(blocks) == len(ranks):
             return None  # one host (shm) or one rank per host (tcp): flat
-        if op != "all_reduce" and len({len(b) for b in blocks}) > 1:
+        if op == "reduce_scatter" and len({len(b) for b in blocks}) > 1:
             return None  # uneven hosts: flat
         return blocks
 

@@ -325,8 +325,31 @@ static void test_broadcast(tcc_comm_t *comm) {
     }
 }
 
-/* reduce to every root, hierarchical on hosts of equal rank counts from
- * HIER_BYTES: integer-valued data for several dtype x op pairs, exact;
+/* Bytes this process has sent on all its TCP connections (TCP_INFO), so a
+ * test can tell which ranks' data crossed TCP. */
+static uint64_t tcp_bytes_sent(void) {
+  uint64_t sum = 0;
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL) {
+    struct tcp_info info;
+    socklen_t len = sizeof info;
+    memset(&info, 0, sizeof info);
+    if (getsockopt(atoi(e->d_name), IPPROTO_TCP, TCP_INFO, &info, &len) == 0) sum += info.tcpi_bytes_sent;
+  }
+  if (d) closedir(d);
+  return sum;
+}
+
+/* Rank q's position among the ranks of its (simulated) host. */
+static int local_index_of(int q) {
+  int l = 0;
+  for (int p = 0; p < q; p++) l += group_fake_host(spec, p) == group_fake_host(spec, q);
+  return l;
+}
+
+/* reduce to every root, hierarchical from HIER_BYTES (through the hosts' leaders
+ * on uneven hosts): integer-valued data for several dtype x op pairs, exact;
  * fractional floats bit for bit in the order that applies. Only the root's
  * output is written. */
 static void test_reduce(tcc_comm_t *comm) {
@@ -349,10 +372,20 @@ static void test_reduce(tcc_comm_t *comm) {
           else put(in, dt, i, small_value(me, i, rop));
         }
         tcc_op_opts_t opts = {.premul_factor = 0.5};
+        const uint64_t tcp0 = tcp_bytes_sent();
         tcc_result_t r = RUN(tcc_reduce(comm, host_buf(in, count, dt), host_buf(out, count, dt), rop, root, &opts, &op));
+        const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
         CHECK(r == TCC_OK, "%s: reduce %s %s count %zu to %d: %s", spec, tcc_dtype_name(dt), tcc_redop_name(rop),
               count, root, tcc_last_error());
-        const sum_order_t order = order_of(n, is_hybrid(comm) && hosts_uniform(n) && count * es >= HIER_BYTES);
+        const bool hier = is_hybrid(comm) && count * es >= HIER_BYTES;
+        /* The path: only each host's collector (its rank of the root's local
+         * index on even hosts, its first rank on uneven ones) sends data
+         * across; the others send their descriptor. */
+        const int collector = hosts_uniform(n) ? local_index_of(root) : 0;
+        if (hier && me != root && local_index_of(me) != collector)
+          CHECK(tcp_sent < count * es / 2, "%s: reduce of %zu B to %d: rank %d sent %llu B over TCP", spec, count * es,
+                root, me, (unsigned long long)tcp_sent);
+        const sum_order_t order = order_of(n, hier);
         size_t bad = 0;
         for (size_t i = 0; i < count && r == TCC_OK && me == root; i++) {
           if (fractional) {
@@ -412,22 +445,6 @@ static void test_allgather_and_p2p(tcc_comm_t *comm) {
 }
 
 /* ---- all-to-all ---------------------------------------------------------- */
-
-/* Bytes this process has sent on all its TCP connections (TCP_INFO), so a
- * test can tell which ranks' data crossed TCP. */
-static uint64_t tcp_bytes_sent(void) {
-  uint64_t sum = 0;
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  while (d && (e = readdir(d)) != NULL) {
-    struct tcp_info info;
-    socklen_t len = sizeof info;
-    memset(&info, 0, sizeof info);
-    if (getsockopt(atoi(e->d_name), IPPROTO_TCP, TCP_INFO, &info, &len) == 0) sum += info.tcpi_bytes_sent;
-  }
-  if (d) closedir(d);
-  return sum;
-}
 
 /* Elements rank i sends rank j at a scale: uneven, some empty. */
 static size_t a2a_count(int i, int j, size_t scale) {

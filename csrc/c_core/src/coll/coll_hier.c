@@ -25,6 +25,9 @@
  * reduce, hosts with equal rank counts: every host reduces to its rank of
  *   the root's local index, and those ranks reduce across hosts to the
  *   root. Each host's link carries the message once.
+ * reduce, uneven hosts: every host reduces to its leader, the leaders
+ *   reduce to the root's host's leader, which hands the root the result
+ *   (a broadcast within that host, unless the root is the leader).
  * alltoall: coll_hier_alltoall.c.
  * reduce_scatter, hosts with equal rank counts: for each host h, the
  *   host's ranks reduce-scatter the blocks destined for h's ranks (local
@@ -36,9 +39,9 @@
  * ranks of its host in rank order, then over the hosts in the order of
  * their lowest rank, so every rank gets the same bits. AVG sums in that
  * order and divides once, where the sum is complete. Hierarchical
- * allgather, reduce and reduce_scatter need hosts of equal rank counts
- * (each rank has a partner of its local index on every host); on uneven
- * hosts they run flat. Reductions whose result would change with a second
+ * allgather and reduce_scatter need hosts of equal rank counts (each rank
+ * has a partner of its local index on every host); on uneven hosts they
+ * run flat. Reductions whose result would change with a second
  * rounding (float16/bfloat16, which accumulate in float32 and round once)
  * run flat, as do small messages,
  * where the phases' latency costs more than the network bytes they save,
@@ -83,7 +86,7 @@ bool tcc__coll_hier_chosen(const tcc_comm_t *comm, const tcc_coll_t *c) {
     case TCC_COLL_ALLREDUCE: return reduction_stages(c);
     case TCC_COLL_BROADCAST: return true;
     case TCC_COLL_ALLGATHER: return comm->topo->uniform && op_bytes(comm, c) >= HIER_MIN_GATHER_BYTES;
-    case TCC_COLL_REDUCE:
+    case TCC_COLL_REDUCE: return reduction_stages(c);
     case TCC_COLL_REDUCE_SCATTER: return comm->topo->uniform && reduction_stages(c);
     default: return false;
   }
@@ -97,7 +100,9 @@ const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c
   if (c->kind == TCC_COLL_REDUCE_SCATTER)
     return "hierarchical reduce-scatter (each host's blocks within the host, then across hosts by local index)";
   if (c->kind == TCC_COLL_REDUCE)
-    return "hierarchical reduce (within each host to the root's local index, then across hosts to the root)";
+    return comm->topo->uniform
+               ? "hierarchical reduce (within each host to the root's local index, then across hosts to the root)"
+               : "hierarchical reduce (within each host to its leader, leaders to the root's leader, then to the root)";
   return comm->topo->uniform ? "hierarchical allreduce (host reduce-scatter, cross-host allreduce, host all-gather)"
                              : "hierarchical allreduce (host reduce, leaders' allreduce, host broadcast)";
 }
@@ -232,6 +237,17 @@ static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, u
   return r;
 }
 
+/* A rank's own input as its host's partial when it is alone on its host:
+ * PREMUL_SUM's factor applied, as the host phase would have. */
+static void own_partial(const tcc_coll_t *c, void *out) {
+  if (c->redop == TCC_PREMUL_SUM) {
+    const void *src = c->send;
+    tcc__reduce_n(out, &src, 1, c->count, c->dtype, TCC_PREMUL_SUM, c->premul);
+  } else if (c->send != out) {
+    memcpy(out, c->send, c->count * tcc_dtype_size(c->dtype));
+  }
+}
+
 static tcc_result_t allreduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
                                          tcc_err_t *err) {
   const tcc__topology_t *t = comm->topo;
@@ -240,11 +256,8 @@ static tcc_result_t allreduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, 
   if (t->local) {
     tcc_coll_t host = reduction(TCC_COLL_REDUCE, c, c->redop, c->send, c->recv, c->count);
     r = phase(t->local, &host, seq, deadline, err);
-  } else if (c->redop == TCC_PREMUL_SUM) { /* alone on its host: the factor is still applied once */
-    const void *src = c->send;
-    tcc__reduce_n(c->recv, &src, 1, c->count, c->dtype, TCC_PREMUL_SUM, c->premul);
-  } else if (c->send != c->recv) {
-    memcpy(c->recv, c->send, c->count * tcc_dtype_size(c->dtype));
+  } else {
+    own_partial(c, c->recv);
   }
   if (r == TCC_OK && leader) {
     tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), c->recv, c->recv, c->count);
@@ -363,6 +376,42 @@ static tcc_result_t reduce(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, 
   return r;
 }
 
+static tcc_result_t reduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
+                                      tcc_err_t *err) {
+  const tcc__topology_t *t = comm->topo;
+  const bool leader = t->local_index[comm->rank] == 0, root_host = t->host == t->host_of[c->root];
+  /* Where a leader's host sum goes, and where the ranks of the root's host
+   * take the result their leader hands the root: the root's output, or the
+   * partials. */
+  void *sum = c->recv;
+  if (comm->rank != c->root && (leader || (root_host && t->local_index[c->root] != 0))) {
+    sum = partials(comm, c->count * tcc_dtype_size(c->dtype));
+    if (!sum && c->count > 0)
+      return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm reduce #%llu on '%s' (rank %d): out of memory",
+                          (unsigned long long)seq, comm->name, comm->rank);
+  }
+  tcc_result_t r = TCC_OK;
+  if (t->local) {
+    tcc_coll_t host = reduction(TCC_COLL_REDUCE, c, c->redop, c->send, leader ? sum : NULL, c->count);
+    r = phase(t->local, &host, seq, deadline, err);
+  } else {
+    own_partial(c, sum);
+  }
+  /* The leaders' view holds one rank per host, in host order. */
+  if (r == TCC_OK && leader) {
+    tcc_coll_t hosts = reduction(TCC_COLL_REDUCE, c, later_op(c->redop), sum, root_host ? sum : NULL, c->count);
+    hosts.root = t->host_of[c->root];
+    r = phase(t->cross, &hosts, seq, deadline, err);
+  }
+  if (r == TCC_OK && root_host && t->local_index[c->root] != 0) {
+    tcc_coll_t hand = {.kind = TCC_COLL_BROADCAST, .dtype = c->dtype, .count = c->count, .root = 0, .send = sum,
+                       .recv = sum};
+    r = phase(t->local, &hand, seq, deadline, err);
+  }
+  if (r == TCC_OK && comm->rank == c->root) average(comm, c, sum, c->count);
+  return r;
+}
+
 tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                 tcc_err_t *err) {
   if (c->kind == TCC_COLL_ALLTOALL) return tcc__coll_hier_alltoall(comm, c, seq, deadline_ns, err);
@@ -376,7 +425,8 @@ tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t 
   if (staged.kind == TCC_COLL_BROADCAST) r = broadcast(comm, &staged, seq, deadline_ns, err);
   else if (staged.kind == TCC_COLL_ALLGATHER) r = allgather(comm, &staged, seq, deadline_ns, err);
   else if (staged.kind == TCC_COLL_REDUCE_SCATTER) r = reduce_scatter(comm, &staged, seq, deadline_ns, err);
-  else if (staged.kind == TCC_COLL_REDUCE) r = reduce(comm, &staged, seq, deadline_ns, err);
+  else if (staged.kind == TCC_COLL_REDUCE && comm->topo->uniform) r = reduce(comm, &staged, seq, deadline_ns, err);
+  else if (staged.kind == TCC_COLL_REDUCE) r = reduce_by_leaders(comm, &staged, seq, deadline_ns, err);
   else if (comm->topo->uniform) r = allreduce_by_shards(comm, &staged, seq, deadline_ns, err);
   else r = allreduce_by_leaders(comm, &staged, seq, deadline_ns, err);
   free(mem);
