@@ -6,7 +6,8 @@
  *     not hide its parent's death;
  *   - destroy and abort from another thread release a thread blocked in
  *     tcc_op_wait (even one running the queue) within a second, and op
- *     handles stay usable after destroy;
+ *     handles stay usable after destroy; destroy while another thread
+ *     polls a receive (each poll runs a p2p round) ends the poll;
  *   - a bounded wait returns after its bound and the op still completes;
  *   - a peer whose communicator fails while its process lives on tells
  *     the ranks waiting on it, which fail within a second.
@@ -150,6 +151,41 @@ static void end_from_other_thread(tcc_comm_t *comm, int destroy) {
 }
 
 static void destroy_from_other_thread(tcc_comm_t *comm) { end_from_other_thread(comm, 1); }
+
+/* A thread polls a receive with tcc_op_test (each call runs a p2p round
+ * on the transport) while the main thread destroys the communicator: the
+ * poller sees the op end, and no round runs on a transport that is gone
+ * (ASan would report it). */
+static void *poll_thread(void *arg) {
+  waiter_t *w = arg;
+  while (!tcc_op_test(w->op)) {
+  }
+  w->result = tcc_op_result(w->op);
+  w->returned_at = now_s();
+  return NULL;
+}
+
+static void destroy_while_polled(tcc_comm_t *comm) {
+  if (tcc_comm_rank(comm) == 1) {
+    sleep(2);
+    return;
+  }
+  float x = 0;
+  waiter_t w = {.timeout_ms = -1};
+  CHECK(tcc_recv(comm, f32(&x, 1), 1, 3, NULL, &w.op) == TCC_OK, "issue");
+  pthread_t t;
+  pthread_create(&t, NULL, poll_thread, &w);
+  usleep(200 * 1000);
+  double t0 = now_s();
+  tcc_comm_destroy(comm);
+  group_comm_destroyed = 1;
+  pthread_join(t, NULL);
+  double dt = w.returned_at - t0;
+  CHECK(w.result == TCC_ERR_ABORTED && strstr(tcc_op_error(w.op), "destroyed"), "poller got %s: %s",
+        tcc_result_string(w.result), tcc_op_error(w.op));
+  CHECK(dt < within_s(1.0), "the poller returned %.2f s after destroy", dt);
+  tcc_op_release(w.op);
+}
 static void abort_from_other_thread(tcc_comm_t *comm) { end_from_other_thread(comm, 0); }
 
 /* A bounded wait returns after its bound while the peer is late; the op
@@ -223,6 +259,7 @@ int main(int argc, char **argv) {
       {"peer exits, its forked child lives on", peer_exits_after_fork},
       {"destroy from another thread", destroy_from_other_thread},
       {"abort from another thread", abort_from_other_thread},
+      {"destroy while another thread polls a receive", destroy_while_polled},
       {"bounded wait", bounded_wait},
       {"peer fails, its process lives on", peer_fails_alive},
       {"corrupt p2p stream", corrupt_p2p_stream},

@@ -98,6 +98,7 @@ struct tcc_engine {
    * are touched only by its holder. */
   pthread_mutex_t p2p_progress;
   int p2p_waiter_runs; /* a waiter holds p2p_progress; stop waits until it is out */
+  int p2p_round_runs;  /* ... a submitter's or poller's single round (tcc__host_p2p_round_now) */
   bool *waiter_want_write; /* the waiter's per-peer write interest (under p2p_progress) */
   int coll_deep_sleep;      /* the collective thread sleeps until signalled */
   int64_t last_submit_ns;   /* last collective submitted (tcc__now_ns) */
@@ -138,6 +139,9 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns);
 bool tcc__host_p2p_round_now(tcc_comm_t *comm, tcc_op_t *op);
 /* Makes the p2p thread take the pending ops (tcc_op_start, large ops). */
 void tcc__host_p2p_kick(tcc_comm_t *comm);
+/* Wakes the p2p thread to look at new ops: signals it when it sleeps on
+ * p2p_cv untimed (or `always`), notifies the transport when it runs rounds. */
+void tcc__host_p2p_wake(tcc_engine_t *e, tcc_comm_t *comm, bool always);
 /* Frees messages that arrived for receives never posted. */
 void tcc__host_free_unexpected(tcc_engine_t *e, int size);
 

@@ -76,12 +76,8 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   pthread_mutex_unlock(&e->lock);
   /* The caller's round first; the p2p thread only when it must (host.h). */
   if (tcc__host_p2p_round_now(comm, op)) return TCC_OK;
-  pthread_mutex_lock(&e->lock);
-  const int deep = e->p2p_deep_sleep, idle = e->p2p_idle;
-  if (deep) pthread_cond_signal(&e->p2p_cv);
-  pthread_mutex_unlock(&e->lock);
   if (op->bytes > P2P_EAGER_BYTES) tcc__host_p2p_kick(comm);
-  else if (!idle) comm->ops->p2p_notify(comm); /* it runs rounds: may sleep in the transport */
+  else tcc__host_p2p_wake(e, comm, false);
   return TCC_OK;
 }
 
@@ -108,7 +104,7 @@ static void host_stop(tcc_comm_t *comm) {
    * must be out before the transport goes (its op fails fast: the
    * communicator is failed before stop). */
   pthread_mutex_lock(&e->lock);
-  while (e->waiter_runs || e->p2p_waiter_runs) pthread_cond_wait(&e->waiter_cv, &e->lock);
+  while (e->waiter_runs || e->p2p_waiter_runs || e->p2p_round_runs) pthread_cond_wait(&e->waiter_cv, &e->lock);
   pthread_mutex_unlock(&e->lock);
   if (e->coll_started) pthread_join(e->coll_thread, NULL);
   if (e->p2p_started) pthread_join(e->p2p_thread, NULL);

@@ -486,22 +486,40 @@ bool tcc__host_p2p_round_now(tcc_comm_t *comm, tcc_op_t *op) {
   tcc_engine_t *e = comm->engine;
   note_attended(e); /* here, or in whoever holds the lock */
   if (pthread_mutex_trylock(&e->p2p_progress) != 0) return atomic_load(&op->finished);
+  /* The round uses the transport: destroy waits for it, as for a waiter's. */
+  pthread_mutex_lock(&e->lock);
+  const int go = !e->stopping;
+  e->p2p_round_runs = go;
+  pthread_mutex_unlock(&e->lock);
   /* Its own peer's stream only: a round over every stream of a large
    * group costs a system call per peer on TCP. */
-  p2p_round_of(comm, e->waiter_want_write, op->peer);
+  if (go) p2p_round_of(comm, e->waiter_want_write, op->peer);
   pthread_mutex_unlock(&e->p2p_progress);
+  if (go) {
+    pthread_mutex_lock(&e->lock);
+    if (e->stopping) pthread_cond_broadcast(&e->waiter_cv);
+    e->p2p_round_runs = 0;
+    pthread_mutex_unlock(&e->lock);
+  }
   return atomic_load(&op->finished);
+}
+
+void tcc__host_p2p_wake(tcc_engine_t *e, tcc_comm_t *comm, bool always) {
+  pthread_mutex_lock(&e->lock);
+  if (e->p2p_idle) {
+    if (always || e->p2p_deep_sleep) pthread_cond_signal(&e->p2p_cv);
+  } else if (!e->stopping) {
+    /* It runs rounds and may sleep in the transport's wait. Under the
+     * lock: once destroy has begun, the transport may be gone. */
+    comm->ops->p2p_notify(comm);
+  }
+  pthread_mutex_unlock(&e->lock);
 }
 
 void tcc__host_p2p_kick(tcc_comm_t *comm) {
   tcc_engine_t *e = comm->engine;
   atomic_store_explicit(&e->p2p_attended_ns, 0, memory_order_relaxed);
-  pthread_mutex_lock(&e->lock);
-  const int idle = e->p2p_idle;
-  if (idle) pthread_cond_signal(&e->p2p_cv);
-  pthread_mutex_unlock(&e->lock);
-  /* Not on p2p_cv: it may sleep in the transport's wait. */
-  if (!idle) comm->ops->p2p_notify(comm);
+  tcc__host_p2p_wake(e, comm, true);
 }
 
 void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
