@@ -13,6 +13,7 @@ against its lower bound across hosts: every host's link must carry
 algorithm.
 
     sudo .venv/bin/python bench/bench_hosts.py --hosts 2 --per-host 2 --rate 10gbit
+    sudo .venv/bin/python bench/bench_hosts.py --per-host 1,3 --rate 10gbit   # uneven hosts
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def run_job(args, raw: str) -> None:
         procs = []
         for h, host in enumerate(c.hosts):
             cmd = [torchrun, "--nnodes", str(args.hosts), "--node-rank", str(h), "--nproc-per-node",
-                   str(args.per_host), "--master-addr", master, "--master-port", "29511", *worker]
+                   str(args.ranks[h]), "--master-addr", master, "--master-port", "29511", *worker]
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore::FutureWarning",
                        TCCOMM_SOCKET_ADDR=host.addr)
             procs.append(host.popen(cmd, env=env))
@@ -74,7 +75,7 @@ def run_job(args, raw: str) -> None:
 
 def link_report(args, rows: list[dict]) -> None:
     link = rate_bytes_per_s(args.rate)
-    print(f"\nagainst the link ({args.rate} per host, each way; {args.hosts} hosts x {args.per_host} ranks):")
+    print(f"\nagainst the link ({args.rate} per host, each way; {layout(args)}):")
     print(f"{'op':<15}{'bytes':>10}" + "".join(f"{b + ' us':>14}{'busbw/link':>12}" for b in args.backends.split(","))
           + f"{'tccomm/gloo':>13}{'allreduce bound':>17}")
     keyed = {(r["op"], r["bytes"], r["backend"]): r for r in rows}
@@ -93,15 +94,28 @@ def link_report(args, rows: list[dict]) -> None:
         print(line)
 
 
+def layout(args) -> str:
+    """The hosts and their ranks in words: "2 hosts x 2 ranks", "hosts of 1 + 3 ranks"."""
+    if len(set(args.ranks)) == 1:
+        return f"{args.hosts} hosts x {args.ranks[0]} ranks"
+    return "hosts of " + " + ".join(map(str, args.ranks)) + " ranks"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hosts", type=int, default=2)
-    p.add_argument("--per-host", type=int, default=2)
+    p.add_argument("--per-host", default="2",
+                   help="ranks on every host, or one count per host (1,3: uneven hosts; sets --hosts)")
     p.add_argument("--rate", default="10gbit", help="every host's link, tc syntax (10gbit, 500mbit)")
     p.add_argument("--burst", default="256kb", help="the token bucket's burst (tc tbf)")
     p.add_argument("--backends", default="tccomm,gloo")
     bc.add_sweep_options(p)
     args = p.parse_args()
+    args.ranks = [int(k) for k in args.per_host.split(",")]
+    if len(args.ranks) > 1:
+        args.hosts = len(args.ranks)
+    else:
+        args.ranks *= args.hosts
     if os.geteuid() != 0:
         raise SystemExit("simulated hosts need root (network namespaces)")
     if args.quick:
@@ -109,9 +123,10 @@ def main() -> None:
         args.time_per_point = min(args.time_per_point, 0.05)
         args.warmup = min(args.warmup, 2)
     os.makedirs(args.out_dir, exist_ok=True)
-    stem = os.path.join(args.out_dir, f"hosts{args.hosts}x{args.per_host}_" + time.strftime("%Y%m%d-%H%M%S"))
+    stem = os.path.join(args.out_dir, "hosts" + ("x".join(map(str, [args.hosts, args.ranks[0]])) if len(set(args.ranks)) == 1
+                                                 else "+".join(map(str, args.ranks))) + "_" + time.strftime("%Y%m%d-%H%M%S"))
     raw = stem + ".jsonl"
-    print(f"== {args.hosts} simulated hosts x {args.per_host} ranks, links {args.rate}, {args.backends}, "
+    print(f"== simulated {layout(args)}, links {args.rate}, {args.backends}, "
           f"{bc.human(args.min_bytes)} .. {bc.human(args.max_bytes)}", flush=True)
     t0 = time.monotonic()
     run_job(args, raw)

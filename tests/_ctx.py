@@ -22,6 +22,10 @@ from _registry import Skip
 # Reductions of this many bytes of input and more go by hosts on a group
 # that spans hosts (HIER_MIN_BYTES in csrc/c_core/src/coll/coll_hier.c).
 HIER_MIN_BYTES = 64 << 10
+# On hosts with different rank counts, reduce_scatter runs hierarchically
+# from this much input, and only where the leaders' exchange relieves the
+# links (HIER_MIN_UNEVEN_BYTES, tcc__hier_leaders_relieve_links).
+HIER_MIN_UNEVEN_BYTES = 2 << 20
 
 
 class Ctx:
@@ -135,12 +139,14 @@ class Ctx:
         Hierarchical when the group has ranks on several hosts and some host
         has several, from HIER_MIN_BYTES of input, except for float16 and
         bfloat16 (AVG sums in this order and divides once); reduce_scatter
-        only on hosts with equal rank counts (csrc/c_core/src/coll/coll_hier.c)."""
+        on uneven hosts as HIER_MIN_UNEVEN_BYTES says
+        (csrc/c_core/src/coll/coll_hier.c)."""
         if not self.strict or not self.hosts:
             return None
         if dtype in ("float16", "bfloat16"):
             return None
-        if count * torch.empty((), dtype=getattr(torch, dtype)).element_size() < HIER_MIN_BYTES:
+        nbytes = count * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        if nbytes < HIER_MIN_BYTES:
             return None
         ranks = dist.get_process_group_ranks(group) if group is not None else range(self.world)
         by_host: dict[int, list[int]] = {}
@@ -149,8 +155,11 @@ class Ctx:
         blocks = sorted(by_host.values())
         if len(blocks) < 2 or len(blocks) == len(ranks):
             return None  # one host (shm) or one rank per host (tcp): flat
-        if op == "reduce_scatter" and len({len(b) for b in blocks}) > 1:
-            return None  # uneven hosts: flat
+        sizes, n = [len(b) for b in blocks], len(ranks)
+        if op == "reduce_scatter" and len(set(sizes)) > 1:
+            relieved = all(k * (len(sizes) - 1) < n - 1 and n - k < n - 1 for k in sizes)
+            if nbytes < HIER_MIN_UNEVEN_BYTES or not relieved:
+                return None  # uneven hosts: flat below the size, or where a ring loads the links no more
         return blocks
 
     def expect_error(self, fn: Callable, op_re: str, cause_re: str | None,

@@ -32,6 +32,10 @@
  * from the second. */
 #define HIER_BYTES (64u << 10)
 #define HIER_GATHER_BYTES (256u << 10)
+/* On uneven hosts all_gather (output) and reduce_scatter (input) run
+ * hierarchically from this size, reduce_scatter only where the leaders'
+ * exchange relieves the links (leaders_relieve_links). */
+#define HIER_UNEVEN_BYTES (2u << 20)
 /* Sharded allreduces of two of these or more run in pipelined segments. */
 #define HIER_SEGMENT_BYTES (4u << 20)
 /* all-to-alls whose blocks are all below this go through the hosts' leaders
@@ -256,15 +260,30 @@ static void test_sum_order(tcc_comm_t *comm) {
     }
 }
 
-/* reduce_scatter, hierarchical on hosts of equal rank counts from
- * HIER_BYTES of input: integer-valued data for several dtype x op pairs,
- * exact; fractional floats bit for bit in the order that applies. */
+static uint64_t tcp_bytes_sent(void);
+static int local_index_of(int q);
+
+/* Whether, on uneven hosts, every host's link carries fewer blocks in the
+ * leaders' reduce_scatter exchange (its blocks to each other host, every
+ * other rank's block in) than the n - 1 of a flat ring. */
+static bool leaders_relieve_links(int n) {
+  int per_host[8] = {0}, hosts = 0;
+  for (int r = 0; r < n; r++) hosts += per_host[group_fake_host(spec, r)]++ == 0;
+  for (int h = 0; h < hosts; h++)
+    if (per_host[h] * (hosts - 1) >= n - 1 || n - per_host[h] >= n - 1) return false;
+  return true;
+}
+
+/* reduce_scatter, hierarchical from HIER_BYTES of input (through the hosts'
+ * leaders on uneven hosts, from HIER_UNEVEN_BYTES where that relieves the
+ * links): integer-valued data for several dtype x op pairs, exact;
+ * fractional floats bit for bit in the order that applies. */
 static void test_reduce_scatter(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   const struct { tcc_dtype_t dt; tcc_redop_t op; } cases[] = {
       {TCC_INT32, TCC_SUM}, {TCC_INT64, TCC_PRODUCT}, {TCC_FLOAT32, TCC_MAX}, {TCC_FLOAT64, TCC_PREMUL_SUM},
       {TCC_UINT8, TCC_BXOR}, {TCC_INT16, TCC_AVG}, {TCC_FLOAT32, TCC_SUM}, {TCC_FLOAT32, TCC_AVG}};
-  const size_t blocks[] = {0, 5, HIER_BYTES / 4 / 8, HIER_BYTES / 4 / (size_t)n + 3, 50001};
+  const size_t blocks[] = {0, 5, HIER_BYTES / 4 / 8, HIER_BYTES / 4 / (size_t)n + 3, 50001, 110001};
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
     for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++) {
       const tcc_dtype_t dt = cases[k].dt;
@@ -281,10 +300,19 @@ static void test_reduce_scatter(tcc_comm_t *comm) {
       }
       for (int j = 0; j < n; j++) sends[j] = host_buf(in + (size_t)j * count * es, count, dt);
       tcc_op_opts_t opts = {.premul_factor = 0.5};
+      const uint64_t tcp0 = tcp_bytes_sent();
       tcc_result_t r = RUN(tcc_reduce_scatter(comm, sends, host_buf(out, count, dt), rop, &opts, &op));
+      const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
       CHECK(r == TCC_OK, "%s: reduce_scatter %s %s block %zu: %s", spec, tcc_dtype_name(dt), tcc_redop_name(rop), count,
             tcc_last_error());
-      const sum_order_t order = order_of(n, is_hybrid(comm) && hosts_uniform(n) && total * es >= HIER_BYTES);
+      const bool hier = is_hybrid(comm) && (hosts_uniform(n) ? total * es >= HIER_BYTES
+                                                             : total * es >= HIER_UNEVEN_BYTES && leaders_relieve_links(n));
+      /* On uneven hosts only the leaders send data across (on even ones
+       * every rank does, by its local index). */
+      if (hier && !hosts_uniform(n) && local_index_of(me) != 0)
+        CHECK(tcp_sent < count * es / 2 + 1, "%s: reduce_scatter of %zu B blocks: rank %d sent %llu B over TCP", spec,
+              count * es, me, (unsigned long long)tcp_sent);
+      const sum_order_t order = order_of(n, hier);
       size_t bad = 0;
       for (size_t i = 0; i < count && r == TCC_OK; i++) {
         const size_t at = (size_t)me * count + i; /* the element of the input this one sums */
@@ -408,10 +436,11 @@ static void test_reduce(tcc_comm_t *comm) {
 }
 
 /* allgather around the hierarchical threshold (HIER_GATHER_BYTES of
- * output), out of place and in place, every element of every block checked. */
+ * output), out of place and in place, every element of every block
+ * checked. On uneven hosts only the leaders send data across. */
 static void test_allgather_and_p2p(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
-  const size_t blocks[] = {0, 3, HIER_GATHER_BYTES / 4 / 8, HIER_GATHER_BYTES / 4 / (size_t)n + 1, 20000, 131075};
+  const size_t blocks[] = {0, 3, HIER_GATHER_BYTES / 4 / 8, HIER_GATHER_BYTES / 4 / (size_t)n + 1, 20000, 131075, 262147};
   for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++)
     for (int inplace = 0; inplace < 2; inplace++) {
       const size_t count = blocks[bi];
@@ -421,8 +450,13 @@ static void test_allgather_and_p2p(tcc_comm_t *comm) {
       int32_t *src = inplace ? all + (size_t)me * count : mine;
       for (size_t i = 0; i < count; i++) src[i] = (int32_t)(i * 3 + (size_t)me * 1000003);
       for (int j = 0; j < n; j++) recvs[j] = host_buf(all + (size_t)j * count, count, TCC_INT32);
+      const uint64_t tcp0 = tcp_bytes_sent();
       tcc_result_t r = RUN(tcc_allgather(comm, host_buf(src, count, TCC_INT32), recvs, NULL, &op));
+      const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
       CHECK(r == TCC_OK, "%s: allgather block %zu: %s", spec, count, tcc_last_error());
+      if (is_hybrid(comm) && !hosts_uniform(n) && (size_t)n * count * 4 >= HIER_UNEVEN_BYTES && local_index_of(me) != 0)
+        CHECK(tcp_sent < count * 4 / 2, "%s: allgather of %zu B blocks: rank %d sent %llu B over TCP", spec, count * 4,
+              me, (unsigned long long)tcp_sent);
       size_t bad = 0;
       for (int j = 0; j < n && r == TCC_OK; j++)
         for (size_t i = 0; i < count; i++)
@@ -493,7 +527,9 @@ static void test_alltoall(tcc_comm_t *comm) {
             CHECK(0, "%s: alltoall scale %zu%s: element %zu from rank %d is %d", spec, scale,
                   inplace ? " in place" : "", k, j, out[j][k]);
       const bool aggregated = max_block * 4 < AGG_MAX_BLOCK_BYTES;
-      if (r == TCC_OK && !leader && scale >= 100 && is_hybrid(comm))
+      /* From agg_edge the data outweighs the descriptors (with every
+       * rank's counts) that every rank sends every other over TCP first. */
+      if (r == TCC_OK && !leader && scale >= agg_edge && is_hybrid(comm))
         CHECK(aggregated ? tcp_sent < off_me : tcp_sent >= off_me,
               "%s: alltoall scale %zu: rank %d sent %llu bytes over TCP for %zu bytes of data (%s expected)", spec,
               scale, me, (unsigned long long)tcp_sent, off_me, aggregated ? "aggregated" : "direct");
@@ -742,6 +778,8 @@ int main(void) {
       {"auto-pairs", 3},       /* 2 + 1: leaders */
       {"auto-interleaved", 4}, /* hosts whose ranks are not contiguous */
       {"auto-uneven", 4},      /* 1 + 3 */
+      {"auto-interleaved", 5}, /* 3 + 2, not contiguous */
+      {"auto-halves", 5},      /* 3 + 2 */
   };
   int passed = 0, failed = 0;
   for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {

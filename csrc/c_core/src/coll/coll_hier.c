@@ -1,49 +1,44 @@
 /*
  * coll_hier.c - collectives on groups that span hosts, in phases on the
  * topology's views (transport.h): shared memory inside each host, the
- * hosts' TCP links between them.
+ * hosts' TCP links between them. This file chooses, runs broadcast, and
+ * runs the others on hosts with equal rank counts, where each rank has a
+ * partner of its local index on every host; on uneven hosts they go
+ * through each host's leader (coll_hier_leaders.c).
  *
- * allreduce, hosts with equal rank counts: the host's ranks reduce-scatter
- *   over shared memory (local rank l holds the host's sum of shard l), each
- *   local rank allreduces its shard with the same local index on every
- *   other host (all local ranks at once, each on its own connections), and
- *   the host's ranks all-gather the shards. Every byte crosses a host's
- *   link once each way, the least an allreduce between hosts can send.
- *   From 8 MiB the shards go in 4 MiB segments, the cross-host phase of
- *   one on a thread of its own while the host's ranks reduce-scatter the
- *   next and all-gather the one before: the link and shared memory work at
- *   the same time.
- * allreduce, uneven hosts: each host reduces to its leader (local index
- *   0), the leaders allreduce, each leader broadcasts to its host.
- * broadcast: the root's host broadcasts from the root, the leaders from
- *   the root's host leader, every other host from its leader.
- * allgather, hosts with equal rank counts: each rank gathers the blocks of
- *   the ranks with its local index on every host (across hosts, each local
- *   rank on its own connections), then the host's ranks all-gather those,
- *   one host's blocks at a time. Each block crosses each link once,
- *   instead of once per rank of the other host.
- * reduce, hosts with equal rank counts: every host reduces to its rank of
- *   the root's local index, and those ranks reduce across hosts to the
- *   root. Each host's link carries the message once.
- * reduce, uneven hosts: every host reduces to its leader, the leaders
- *   reduce to the root's host's leader, which hands the root the result
- *   (a broadcast within that host, unless the root is the leader).
+ * allreduce: the host's ranks reduce-scatter over shared memory (local
+ *   rank l holds the host's sum of shard l), each local rank allreduces
+ *   its shard with the same local index on every other host (all local
+ *   ranks at once, each on its own connections), and the host's ranks
+ *   all-gather the shards. Every byte crosses a host's link once each
+ *   way, the least an allreduce between hosts can send. From 8 MiB the
+ *   shards go in 4 MiB segments, the cross-host phase of one on a thread
+ *   of its own while the host's ranks reduce-scatter the next and
+ *   all-gather the one before: the link and shared memory work at the
+ *   same time.
+ * broadcast (any hosts): the root's host broadcasts from the root, the
+ *   leaders from the root's host leader, every other host from its leader.
+ * allgather: each rank gathers the blocks of the ranks with its local
+ *   index on every host (across hosts, each local rank on its own
+ *   connections), then the host's ranks all-gather those, one host's
+ *   blocks at a time. Each block crosses each link once, instead of once
+ *   per rank of the other host.
+ * reduce: every host reduces to its rank of the root's local index, and
+ *   those ranks reduce across hosts to the root. Each host's link carries
+ *   the message once.
  * alltoall: coll_hier_alltoall.c.
- * reduce_scatter, hosts with equal rank counts: for each host h, the
- *   host's ranks reduce-scatter the blocks destined for h's ranks (local
- *   rank l gets its host's sum of the block of h's rank l), then each rank
- *   reduce-scatters those partial sums with the ranks of its local index
- *   on the other hosts, ending with the sum of its own block.
+ * reduce_scatter: for each host h, the host's ranks reduce-scatter the
+ *   blocks destined for h's ranks (local rank l gets its host's sum of the
+ *   block of h's rank l), then each rank reduce-scatters those partial
+ *   sums with the ranks of its local index on the other hosts, ending with
+ *   the sum of its own block.
  *
  * Every element is reduced in one fixed order on every rank: over the
  * ranks of its host in rank order, then over the hosts in the order of
  * their lowest rank, so every rank gets the same bits. AVG sums in that
- * order and divides once, where the sum is complete. Hierarchical
- * allgather and reduce_scatter need hosts of equal rank counts (each rank
- * has a partner of its local index on every host); on uneven hosts they
- * run flat. Reductions whose result would change with a second
- * rounding (float16/bfloat16, which accumulate in float32 and round once)
- * run flat, as do small messages,
+ * order and divides once, where the sum is complete. Reductions whose
+ * result would change with a second rounding (float16/bfloat16, which
+ * accumulate in float32 and round once) run flat, as do small messages,
  * where the phases' latency costs more than the network bytes they save,
  * and the other collectives.
  *
@@ -51,10 +46,9 @@
  * (tcc__coll_stream_agree), the same one the flat algorithms start with,
  * so ranks that disagree on an op fail alike, before any phase runs.
  */
-#include <stdlib.h>
 #include <string.h>
 
-#include "coll/coll_scratch.h"
+#include "coll/hier_phase.h"
 
 /* Below this a message goes flat (the choice is made from the count every
  * rank agreed on, so every rank makes it alike). */
@@ -64,6 +58,12 @@
  * output and behind from 256 KiB (381 against 406 us; 64 MiB: 49.5
  * against 79.2 ms). */
 #define HIER_MIN_GATHER_BYTES (256u << 10)
+/* On uneven hosts the leaders' all_gather and reduce_scatter run their
+ * phases one after another where the flat ring overlaps everything:
+ * measured on simulated hosts of 2 + 1, 1 + 3 and 3 + 2 ranks over
+ * 10 Gbit/s, flat is ahead or even up to 1 MiB and behind from 2 MiB
+ * (bench/README.md). */
+#define HIER_MIN_UNEVEN_BYTES (2u << 20)
 /* Sharded allreduces of at least two of these run in segments, the
  * cross-host phase of one overlapping the host phases of its neighbours. */
 #define HIER_SEGMENT_BYTES (4u << 20)
@@ -85,54 +85,39 @@ bool tcc__coll_hier_chosen(const tcc_comm_t *comm, const tcc_coll_t *c) {
   switch (c->kind) {
     case TCC_COLL_ALLREDUCE: return reduction_stages(c);
     case TCC_COLL_BROADCAST: return true;
-    case TCC_COLL_ALLGATHER: return comm->topo->uniform && op_bytes(comm, c) >= HIER_MIN_GATHER_BYTES;
+    case TCC_COLL_ALLGATHER:
+      return op_bytes(comm, c) >= (comm->topo->uniform ? HIER_MIN_GATHER_BYTES : HIER_MIN_UNEVEN_BYTES);
     case TCC_COLL_REDUCE: return reduction_stages(c);
-    case TCC_COLL_REDUCE_SCATTER: return comm->topo->uniform && reduction_stages(c);
+    case TCC_COLL_REDUCE_SCATTER:
+      if (comm->topo->uniform) return reduction_stages(c);
+      return reduction_stages(c) && op_bytes(comm, c) >= HIER_MIN_UNEVEN_BYTES &&
+             tcc__hier_leaders_relieve_links(comm->topo, comm->size);
     default: return false;
   }
 }
 
 const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c) {
-  if (c->kind == TCC_COLL_ALLTOALL)
-    return "all-to-all aggregated per host through leaders when every block is small, else direct between ranks";
-  if (c->kind == TCC_COLL_BROADCAST) return "hierarchical broadcast (host, leaders, hosts)";
-  if (c->kind == TCC_COLL_ALLGATHER) return "hierarchical allgather (across hosts by local index, then each host's blocks within the host)";
-  if (c->kind == TCC_COLL_REDUCE_SCATTER)
-    return "hierarchical reduce-scatter (each host's blocks within the host, then across hosts by local index)";
-  if (c->kind == TCC_COLL_REDUCE)
-    return comm->topo->uniform
-               ? "hierarchical reduce (within each host to the root's local index, then across hosts to the root)"
-               : "hierarchical reduce (within each host to its leader, leaders to the root's leader, then to the root)";
-  return comm->topo->uniform ? "hierarchical allreduce (host reduce-scatter, cross-host allreduce, host all-gather)"
-                             : "hierarchical allreduce (host reduce, leaders' allreduce, host broadcast)";
+  const bool even = comm->topo->uniform;
+  switch (c->kind) {
+    case TCC_COLL_ALLTOALL:
+      return "all-to-all aggregated per host through leaders when every block is small, else direct between ranks";
+    case TCC_COLL_BROADCAST: return "hierarchical broadcast (host, leaders, hosts)";
+    case TCC_COLL_ALLGATHER:
+      return even ? "hierarchical allgather (across hosts by local index, then each host's blocks within the host)"
+                  : "hierarchical allgather (within each host, each host's blocks across the leaders, then to each "
+                    "host from its leader)";
+    case TCC_COLL_REDUCE_SCATTER:
+      return even ? "hierarchical reduce-scatter (each host's blocks within the host, then across hosts by local index)"
+                  : "hierarchical reduce-scatter (within each host to its leader, each host's blocks across the "
+                    "leaders to its leader, then scattered within the host)";
+    case TCC_COLL_REDUCE:
+      return even ? "hierarchical reduce (within each host to the root's local index, then across hosts to the root)"
+                  : "hierarchical reduce (within each host to its leader, leaders to the root's leader, then to the root)";
+    default:
+      return even ? "hierarchical allreduce (host reduce-scatter, cross-host allreduce, host all-gather)"
+                  : "hierarchical allreduce (host reduce, leaders' allreduce, host broadcast)";
+  }
 }
-
-/* ---- phases ----------------------------------------------------------- */
-
-static uint8_t *at(void *base, size_t off) { return (uint8_t *)base + off; }
-
-/* One phase: a collective on a view (NULL: this rank has no part in it). */
-static tcc_result_t phase(tcc_comm_t *view, const tcc_coll_t *c, uint64_t seq, int64_t deadline, tcc_err_t *err) {
-  return view ? tcc__coll_run(view, c, seq, deadline, err) : TCC_OK;
-}
-
-/* A phase's collective: c's dtype and PREMUL_SUM factor, root 0. AVG's
- * phases sum; the rank that ends with a sum divides it once (average). */
-static tcc_coll_t reduction(tcc_coll_kind_t kind, const tcc_coll_t *c, tcc_redop_t redop, void *send, void *recv,
-                            size_t count) {
-  return (tcc_coll_t){.kind = kind, .dtype = c->dtype, .redop = redop == TCC_AVG ? TCC_SUM : redop,
-                      .premul = c->premul, .count = count, .send = send, .recv = recv};
-}
-
-/* AVG's division of a finished sum, by the group's size, as a flat AVG
- * divides its sum. */
-static void average(const tcc_comm_t *comm, const tcc_coll_t *c, void *sum, size_t count) {
-  if (c->redop == TCC_AVG) tcc__reduce_average(sum, count, c->dtype, comm->size);
-}
-
-/* The op the phases after the first apply: they combine partial results,
- * already multiplied by PREMUL_SUM's factor. */
-static tcc_redop_t later_op(tcc_redop_t op) { return op == TCC_PREMUL_SUM || op == TCC_AVG ? TCC_SUM : op; }
 
 /* ---- allreduce --------------------------------------------------------- */
 
@@ -237,41 +222,6 @@ static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, u
   return r;
 }
 
-/* A rank's own input as its host's partial when it is alone on its host:
- * PREMUL_SUM's factor applied, as the host phase would have. */
-static void own_partial(const tcc_coll_t *c, void *out) {
-  if (c->redop == TCC_PREMUL_SUM) {
-    const void *src = c->send;
-    tcc__reduce_n(out, &src, 1, c->count, c->dtype, TCC_PREMUL_SUM, c->premul);
-  } else if (c->send != out) {
-    memcpy(out, c->send, c->count * tcc_dtype_size(c->dtype));
-  }
-}
-
-static tcc_result_t allreduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
-                                         tcc_err_t *err) {
-  const tcc__topology_t *t = comm->topo;
-  const bool leader = t->local_index[comm->rank] == 0;
-  tcc_result_t r = TCC_OK;
-  if (t->local) {
-    tcc_coll_t host = reduction(TCC_COLL_REDUCE, c, c->redop, c->send, c->recv, c->count);
-    r = phase(t->local, &host, seq, deadline, err);
-  } else {
-    own_partial(c, c->recv);
-  }
-  if (r == TCC_OK && leader) {
-    tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), c->recv, c->recv, c->count);
-    r = phase(t->cross, &hosts, seq, deadline, err);
-    if (r == TCC_OK) average(comm, c, c->recv, c->count);
-  }
-  if (r == TCC_OK) {
-    tcc_coll_t spread = {.kind = TCC_COLL_BROADCAST, .dtype = c->dtype, .count = c->count, .root = 0,
-                         .send = c->recv, .recv = c->recv};
-    r = phase(t->local, &spread, seq, deadline, err);
-  }
-  return r;
-}
-
 static tcc_result_t broadcast(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
                               tcc_err_t *err) {
   const tcc__topology_t *t = comm->topo;
@@ -296,9 +246,6 @@ static tcc_result_t broadcast(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t se
   return r;
 }
 
-/* Rank of host h at local index i. */
-static int rank_at(const tcc__topology_t *t, int h, int i) { return t->by_host[t->host_start[h] + i]; }
-
 static tcc_result_t allgather(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline, tcc_err_t *err) {
   const tcc__topology_t *t = comm->topo;
   const int H = t->nhosts, L = t->local->size, l = t->local->rank;
@@ -316,26 +263,13 @@ static tcc_result_t allgather(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t se
   return r;
 }
 
-/* The partials buffer, at least `bytes` long (NULL: out of memory). */
-static void *partials(tcc_comm_t *comm, size_t bytes) {
-  tcc__coll_scratch_t *s = coll_scratch_of(comm);
-  if (s->partials_bytes < bytes) {
-    free(s->partials);
-    s->partials = malloc(bytes);
-    s->partials_bytes = s->partials ? bytes : 0;
-  }
-  return s->partials;
-}
-
 static tcc_result_t reduce_scatter(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
                                    tcc_err_t *err) {
   const tcc__topology_t *t = comm->topo;
   const int H = t->nhosts, L = t->local->size;
   const size_t block = c->count * tcc_dtype_size(c->dtype);
   uint8_t *sums = partials(comm, (size_t)H * block); /* [H] this host's sum of block (h, l) */
-  if (!sums && block > 0)
-    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm reduce_scatter #%llu on '%s' (rank %d): out of memory",
-                        (unsigned long long)seq, comm->name, comm->rank);
+  if (!sums && block > 0) return out_of_memory(comm, c, seq, err);
   void **parts = (void **)coll_scratch_of(comm)->part_out; /* [size]: L, then H pointers */
   tcc_result_t r = TCC_OK;
   for (int h = 0; h < H && r == TCC_OK; h++) {
@@ -359,9 +293,7 @@ static tcc_result_t reduce(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, 
   void *sum = c->recv; /* the root's output; the other collectors' partials */
   if (collects && comm->rank != c->root) {
     sum = partials(comm, c->count * tcc_dtype_size(c->dtype));
-    if (!sum && c->count > 0)
-      return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm reduce #%llu on '%s' (rank %d): out of memory",
-                          (unsigned long long)seq, comm->name, comm->rank);
+    if (!sum && c->count > 0) return out_of_memory(comm, c, seq, err);
   }
   tcc_coll_t host = reduction(TCC_COLL_REDUCE, c, c->redop, c->send, collects ? sum : NULL, c->count);
   host.root = gather_at;
@@ -376,42 +308,6 @@ static tcc_result_t reduce(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, 
   return r;
 }
 
-static tcc_result_t reduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
-                                      tcc_err_t *err) {
-  const tcc__topology_t *t = comm->topo;
-  const bool leader = t->local_index[comm->rank] == 0, root_host = t->host == t->host_of[c->root];
-  /* Where a leader's host sum goes, and where the ranks of the root's host
-   * take the result their leader hands the root: the root's output, or the
-   * partials. */
-  void *sum = c->recv;
-  if (comm->rank != c->root && (leader || (root_host && t->local_index[c->root] != 0))) {
-    sum = partials(comm, c->count * tcc_dtype_size(c->dtype));
-    if (!sum && c->count > 0)
-      return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm reduce #%llu on '%s' (rank %d): out of memory",
-                          (unsigned long long)seq, comm->name, comm->rank);
-  }
-  tcc_result_t r = TCC_OK;
-  if (t->local) {
-    tcc_coll_t host = reduction(TCC_COLL_REDUCE, c, c->redop, c->send, leader ? sum : NULL, c->count);
-    r = phase(t->local, &host, seq, deadline, err);
-  } else {
-    own_partial(c, sum);
-  }
-  /* The leaders' view holds one rank per host, in host order. */
-  if (r == TCC_OK && leader) {
-    tcc_coll_t hosts = reduction(TCC_COLL_REDUCE, c, later_op(c->redop), sum, root_host ? sum : NULL, c->count);
-    hosts.root = t->host_of[c->root];
-    r = phase(t->cross, &hosts, seq, deadline, err);
-  }
-  if (r == TCC_OK && root_host && t->local_index[c->root] != 0) {
-    tcc_coll_t hand = {.kind = TCC_COLL_BROADCAST, .dtype = c->dtype, .count = c->count, .root = 0, .send = sum,
-                       .recv = sum};
-    r = phase(t->local, &hand, seq, deadline, err);
-  }
-  if (r == TCC_OK && comm->rank == c->root) average(comm, c, sum, c->count);
-  return r;
-}
-
 tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                 tcc_err_t *err) {
   if (c->kind == TCC_COLL_ALLTOALL) return tcc__coll_hier_alltoall(comm, c, seq, deadline_ns, err);
@@ -419,16 +315,13 @@ tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t 
   if (r != TCC_OK) return r;
   tcc_coll_t staged;
   void *mem = NULL;
-  if (!tcc__coll_snapshot_inputs(c, comm->size, comm->rank, &staged, &mem))
-    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s #%llu on '%s' (rank %d): out of memory",
-                        tcc__coll_name(c->kind), (unsigned long long)seq, comm->name, comm->rank);
+  if (!tcc__coll_snapshot_inputs(c, comm->size, comm->rank, &staged, &mem)) return out_of_memory(comm, c, seq, err);
   if (staged.kind == TCC_COLL_BROADCAST) r = broadcast(comm, &staged, seq, deadline_ns, err);
+  else if (!comm->topo->uniform) r = tcc__coll_hier_by_leaders(comm, &staged, seq, deadline_ns, err);
   else if (staged.kind == TCC_COLL_ALLGATHER) r = allgather(comm, &staged, seq, deadline_ns, err);
   else if (staged.kind == TCC_COLL_REDUCE_SCATTER) r = reduce_scatter(comm, &staged, seq, deadline_ns, err);
-  else if (staged.kind == TCC_COLL_REDUCE && comm->topo->uniform) r = reduce(comm, &staged, seq, deadline_ns, err);
-  else if (staged.kind == TCC_COLL_REDUCE) r = reduce_by_leaders(comm, &staged, seq, deadline_ns, err);
-  else if (comm->topo->uniform) r = allreduce_by_shards(comm, &staged, seq, deadline_ns, err);
-  else r = allreduce_by_leaders(comm, &staged, seq, deadline_ns, err);
+  else if (staged.kind == TCC_COLL_REDUCE) r = reduce(comm, &staged, seq, deadline_ns, err);
+  else r = allreduce_by_shards(comm, &staged, seq, deadline_ns, err);
   free(mem);
   /* The descriptors agreed, so a phase cannot disagree; whatever failed in
    * one left the ranks out of step: the group must fail. */

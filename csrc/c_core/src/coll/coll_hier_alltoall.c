@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll/coll_scratch.h"
+#include "coll/hier_phase.h"
 
 /* Aggregation pays off while every block is below this. Measured on
  * simulated hosts over 10 Gbit/s: on 2 x 4 it is 10-20% ahead of direct
@@ -49,7 +49,6 @@ typedef struct a2a {
   int n;
 } a2a_t;
 
-static int rank_at(const tcc__topology_t *t, int h, int i) { return t->by_host[t->host_start[h] + i]; }
 static size_t bytes(const a2a_t *a, int from, int to) { return (size_t)a->S[(size_t)from * (size_t)a->n + (size_t)to] * a->es; }
 /* memcpy that accepts the NULL buffers of empty blocks */
 static void copy(void *dst, const void *src, size_t len) {

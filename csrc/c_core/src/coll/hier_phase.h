@@ -1,0 +1,69 @@
+/*
+ * hier_phase.h - what the hierarchical collectives (coll_hier.c,
+ * coll_hier_leaders.c, coll_hier_alltoall.c) build their phases from: a
+ * phase is a flat collective on one of the topology's views.
+ */
+#ifndef TCC_COLL_HIER_PHASE_H
+#define TCC_COLL_HIER_PHASE_H
+
+#include <stdlib.h>
+
+#include "coll/coll_scratch.h"
+
+static inline uint8_t *at(void *base, size_t off) { return (uint8_t *)base + off; }
+
+/* Rank of host h at local index i. */
+static inline int rank_at(const tcc__topology_t *t, int h, int i) { return t->by_host[t->host_start[h] + i]; }
+
+/* One phase: a collective on a view (NULL: this rank has no part in it). */
+static inline tcc_result_t phase(tcc_comm_t *view, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
+                                 tcc_err_t *err) {
+  return view ? tcc__coll_run(view, c, seq, deadline, err) : TCC_OK;
+}
+
+/* A phase's collective: c's dtype and PREMUL_SUM factor, root 0. AVG's
+ * phases sum; the rank that ends with a sum divides it once (average). */
+static inline tcc_coll_t reduction(tcc_coll_kind_t kind, const tcc_coll_t *c, tcc_redop_t redop, void *send,
+                                   void *recv, size_t count) {
+  return (tcc_coll_t){.kind = kind, .dtype = c->dtype, .redop = redop == TCC_AVG ? TCC_SUM : redop,
+                      .premul = c->premul, .count = count, .send = send, .recv = recv};
+}
+
+/* AVG's division of a finished sum, by the group's size, as a flat AVG
+ * divides its sum. */
+static inline void average(const tcc_comm_t *comm, const tcc_coll_t *c, void *sum, size_t count) {
+  if (c->redop == TCC_AVG) tcc__reduce_average(sum, count, c->dtype, comm->size);
+}
+
+/* The op the phases after the first apply: they combine partial results,
+ * already multiplied by PREMUL_SUM's factor. */
+static inline tcc_redop_t later_op(tcc_redop_t op) { return op == TCC_PREMUL_SUM || op == TCC_AVG ? TCC_SUM : op; }
+
+/* The partials buffer, at least `bytes` long (NULL: out of memory). */
+static inline void *partials(tcc_comm_t *comm, size_t bytes) {
+  tcc__coll_scratch_t *s = coll_scratch_of(comm);
+  if (s->partials_bytes < bytes) {
+    free(s->partials);
+    s->partials = malloc(bytes);
+    s->partials_bytes = s->partials ? bytes : 0;
+  }
+  return s->partials;
+}
+
+/* The error of a phase's buffer that could not be had. */
+static inline tcc_result_t out_of_memory(const tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, tcc_err_t *err) {
+  return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s #%llu on '%s' (rank %d): out of memory",
+                      tcc__coll_name(c->kind), (unsigned long long)seq, comm->name, comm->rank);
+}
+
+/* coll_hier_leaders.c: allreduce, reduce, allgather and reduce_scatter on
+ * hosts with different rank counts, through each host's first rank. */
+tcc_result_t tcc__coll_hier_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
+                                       tcc_err_t *err);
+
+/* Whether the leaders' exchange of a reduce_scatter puts fewer blocks on
+ * the busiest host link than a flat ring of the group's `size` ranks
+ * (size - 1 each way on every link it crosses). */
+bool tcc__hier_leaders_relieve_links(const tcc__topology_t *t, int size);
+
+#endif /* TCC_COLL_HIER_PHASE_H */
