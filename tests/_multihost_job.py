@@ -11,7 +11,8 @@ checked here against a reference computed from the inputs every rank can
 recompute; the parent checks the rest (hostnames, the debug logs, timing).
 
 Ranks are laid out as torchrun lays them out: host k (GROUP_RANK) runs the
-global ranks k*P .. k*P+P-1, P = LOCAL_WORLD_SIZE.
+next LOCAL_WORLD_SIZE global ranks after those of hosts 0 .. k-1. Every
+host's count comes from TCCOMM_MH_LAYOUT ("3,2": hosts of 3 and 2 ranks).
 Environment: TCCOMM_MH_PG_TIMEOUT (seconds, the world's timeout; default 60),
 TCCOMM_MH_VICTIM (the host whose processes the parent kills in "host_death").
 """
@@ -29,12 +30,21 @@ import torch.distributed as dist
 import _rank
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-P = int(os.environ["LOCAL_WORLD_SIZE"])
-NODE, HOSTS = int(os.environ["GROUP_RANK"]), WORLD // P
+LAYOUT = [int(k) for k in os.environ["TCCOMM_MH_LAYOUT"].split(",")]
+NODE, HOSTS = int(os.environ["GROUP_RANK"]), len(LAYOUT)
+P = LAYOUT[NODE]
+assert P == int(os.environ["LOCAL_WORLD_SIZE"]) and sum(LAYOUT) == WORLD, (LAYOUT, WORLD)
+UNIFORM = len(set(LAYOUT)) == 1
+
+
+def ranks_of(k: int) -> list[int]:
+    """The global ranks of host k."""
+    first = sum(LAYOUT[:k])
+    return list(range(first, first + LAYOUT[k]))
 
 
 def host_of(r: int) -> int:
-    return r // P
+    return next(k for k in range(HOSTS) if r in ranks_of(k))
 
 
 def inp(r: int, n: int, dtype=torch.float32, salt: int = 0) -> torch.Tensor:
@@ -89,9 +99,13 @@ def collectives(ev) -> None:
     dist.all_gather_into_tensor(out, inp(r, 33, torch.int64))
     check("all_gather_into_tensor", out, torch.cat([inp(q, 33, torch.int64) for q in range(W)]))
 
-    out = torch.empty(41)
-    dist.reduce_scatter_tensor(out, inp(r, W * 41))
-    check("reduce_scatter_tensor", out, sum(inp(q, W * 41) for q in range(W))[r * 41:(r + 1) * 41])
+    for n in (41, 120_001):  # flat, and hierarchical (2.9 MB of input at 6 ranks, 2.4 MB at 5)
+        out = torch.empty(n, dtype=torch.int64)
+        dist.reduce_scatter_tensor(out, inp(r, W * n, torch.int64))
+        check(f"reduce_scatter_tensor n={n}", out, sum(inp(q, W * n, torch.int64) for q in range(W))[r * n:(r + 1) * n])
+    out = torch.empty(W * 110_003)  # hierarchical from 2 MiB of output on uneven hosts
+    dist.all_gather_into_tensor(out, inp(r, 110_003))
+    check("all_gather_into_tensor n=110003", out, torch.cat([inp(q, 110_003) for q in range(W)]))
 
     # Uneven all_to_all: rank a sends split(a, b) elements to rank b, valued a*1000 + b*100 + i.
     def split(a, b):
@@ -153,8 +167,8 @@ def _check_group(label: str, pg, members: list[int]) -> None:
 
 def subgroups(ev) -> None:
     """A group per host, one of every host's first rank, one mixing both."""
-    groups = {f"host{k}": list(range(k * P, (k + 1) * P)) for k in range(HOSTS)}
-    groups["leaders"] = [k * P for k in range(HOSTS)]
+    groups = {f"host{k}": ranks_of(k) for k in range(HOSTS)}
+    groups["leaders"] = [ranks_of(k)[0] for k in range(HOSTS)]
     groups["mixed"] = sorted({0, 1, WORLD - 1})
     made = {label: dist.new_group(ranks) for label, ranks in groups.items()}  # every rank, same order
     mine = {}

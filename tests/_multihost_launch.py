@@ -1,7 +1,7 @@
 """Parent side of the multi-host tests: one torchrun per simulated host
 (tests/_netns.py), all at once, as on a real multi-node job:
 
-    torchrun --nnodes H --node-rank k --nproc-per-node P
+    torchrun --nnodes H --node-rank k --nproc-per-node P_k
              --master-addr <host 0's address> --master-port <port> _multihost_job.py ...
 
 Each torchrun's output (its workers' included) goes to OUT_DIR/host<k>.log;
@@ -34,22 +34,26 @@ class JobFailed(AssertionError):
 
 
 class Job:
-    """A torchrun job over every host of `cluster`, `nproc` ranks per host."""
+    """A torchrun job over every host of `cluster`, `nproc` ranks per host
+    (or nproc[k] on host k)."""
 
-    def __init__(self, cluster: _netns.Cluster, nproc: int, scenarios: list[str], out_dir: str,
+    def __init__(self, cluster: _netns.Cluster, nproc: int | list[int], scenarios: list[str], out_dir: str,
                  env: dict[str, str] | None = None):
-        self.cluster, self.nproc, self.out_dir = cluster, nproc, out_dir
-        self.world = cluster.n * nproc
+        self.cluster, self.out_dir = cluster, out_dir
+        self.per_host = list(nproc) if isinstance(nproc, (list, tuple)) else [nproc] * cluster.n
+        assert len(self.per_host) == cluster.n, (self.per_host, cluster.n)
+        self.world = sum(self.per_host)
         os.makedirs(out_dir, exist_ok=True)
         e = {k: v for k, v in os.environ.items() if not k.startswith(("TCCOMM_", "MASTER_", "TORCHELASTIC_"))}
         e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore",
-                 TCCOMM_DEBUG="INFO", TCCOMM_DEBUG_FILE=os.path.join(out_dir, "tccomm.%h.%p.log"))
+                 TCCOMM_DEBUG="INFO", TCCOMM_DEBUG_FILE=os.path.join(out_dir, "tccomm.%h.%p.log"),
+                 TCCOMM_MH_LAYOUT=",".join(map(str, self.per_host)))
         e.update(env or {})
         port = cluster.next_port()
         self.procs, self._logs = [], []
         for h in cluster.hosts:
             argv = torchrun() + [f"--nnodes={cluster.n}", f"--node-rank={h.index}",
-                                 f"--nproc-per-node={nproc}", f"--master-addr={cluster.hosts[0].addr}",
+                                 f"--nproc-per-node={self.per_host[h.index]}", f"--master-addr={cluster.hosts[0].addr}",
                                  f"--master-port={port}", JOB, out_dir, *scenarios]
             log = open(os.path.join(out_dir, f"host{h.index}.log"), "w")
             self._logs.append(log)
