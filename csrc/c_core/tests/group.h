@@ -33,14 +33,15 @@ static void (*group_rank_setup)(int rank);
 /* The simulated host of rank r under a spec's "-hosts" (a host per
  * rank), "-pairs" (ranks 2h and 2h+1 on host h), "-interleaved" (even
  * ranks on one host, odd on another), "-uneven" (rank 0 alone, the
- * others together) or "-halves" (ranks 0-2 on one host, the others on
- * another); -1: the real host. */
+ * others together), "-halves" (ranks 0-2 on one host, the others on
+ * another) or "-threes" (ranks 3h .. 3h+2 on host h); -1: the real host. */
 static int group_fake_host(const char *spec, int r) {
   if (strstr(spec, "-hosts")) return r;
   if (strstr(spec, "-pairs")) return r / 2;
   if (strstr(spec, "-interleaved")) return r % 2;
   if (strstr(spec, "-uneven")) return r > 0;
   if (strstr(spec, "-halves")) return r >= 3;
+  if (strstr(spec, "-threes")) return r / 3;
   return -1;
 }
 
@@ -60,7 +61,7 @@ static const char *group_auto_transport(const char *spec, int n) {
  *   "shm", "tcp"     that transport, forced;
  *   "auto"           chosen from the endpoints (all on this host: shm);
  *   "auto-hosts"     chosen, with every rank claiming its own host name (tcp);
- *   "auto-pairs", "auto-interleaved", "auto-uneven", "auto-halves"
+ *   "auto-pairs", "auto-interleaved", "auto-uneven", "auto-halves", "auto-threes"
  *                    chosen, with the ranks claiming hosts as group_fake_host
  *                    says (the hybrid transport where some share a host);
  *   "shm-hosts"      shm forced across "hosts": creation must fail;

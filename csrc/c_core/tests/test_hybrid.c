@@ -780,6 +780,7 @@ int main(void) {
       {"auto-uneven", 4},      /* 1 + 3 */
       {"auto-interleaved", 5}, /* 3 + 2, not contiguous */
       {"auto-halves", 5},      /* 3 + 2 */
+      {"auto-threes", 8},      /* 3 + 3 + 2: the sum over three hosts' partials */
   };
   int passed = 0, failed = 0;
   for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
