@@ -957,7 +957,12 @@ c10::intrusive_ptr<c10d::Work> TccBackend::reduce_scatter_tensor_coalesced(
     const Reduction red = toReduction(op, opts.reduceOp, outputs[i].scalar_type());
     steps.push_back(reduceScatterTensor(op, outputs[i], inputs[i], red));
   }
-  return run(op, OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, std::move(steps), outputs, inputs);
+#ifdef TCCOMM_HAS_REDUCE_SCATTER_COALESCED_OPTYPE
+  const OpType type = OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+#else
+  const OpType type = OpType::COALESCED;
+#endif
+  return run(op, type, opts.timeout, std::move(steps), outputs, inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> TccBackend::alltoall_base(

@@ -14,23 +14,13 @@
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/headeronly/version.h>
 
 #include "tccomm.h"
 #include "flight_recorder.hpp"
 #include "param_comms.hpp"
 #include "tensor_bufs.hpp"
+#include "torch_compat.hpp"
 #include "work.hpp"
-
-// torch 2.14 added Backend::gather_into_tensor (dist.gather_single).
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
-#define TCCOMM_HAS_GATHER_INTO_TENSOR 1
-#endif
-// torch 2.14 made Backend::setBoundDeviceId virtual: init_process_group(
-// device_id=...) reaches the backend through it (eager NCCL init).
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
-#define TCCOMM_HAS_BOUND_DEVICE 1
-#endif
 
 namespace tccomm {
 

@@ -65,6 +65,20 @@ struct OpInfo {
   size_t groupArg = 0;
 };
 
+// Whether the group has a backend for `device` (getBackend throws if not).
+bool hasBackendFor(c10d::ProcessGroup& pg, c10::DeviceType device) {
+#ifdef TCCOMM_HAS_BACKEND_FOR_DEVICE_TYPE
+  return pg.hasBackendForDeviceType(device);
+#else
+  for (const auto& d : pg.getDeviceTypes()) {
+    if (d.type() == device) {
+      return true;
+    }
+  }
+  return false;
+#endif
+}
+
 // The group's TccBackend for `device`, or null when the group's backend for
 // that device type is another one. Keeps the backend alive while an op uses it.
 c10::intrusive_ptr<c10d::Backend> tccBackendOf(const c10::IValue& group, c10::DeviceType device) {
@@ -78,7 +92,7 @@ c10::intrusive_ptr<c10d::Backend> tccBackendOf(const c10::IValue& group, c10::De
   } else if (group.isCustomClass()) {
     pg = group.toCustomClass<c10d::ProcessGroup>();
   }
-  if (!pg || !pg->hasBackendForDeviceType(device)) {
+  if (!pg || !hasBackendFor(*pg, device)) {
     return {};
   }
   auto backend = pg->getBackend(device);

@@ -6,7 +6,8 @@
 #include <ATen/record_function.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
-#include <torch/headeronly/version.h>
+
+#include "torch_compat.hpp"
 
 namespace tccomm {
 namespace {
@@ -73,8 +74,8 @@ OpNames opNames(c10d::OpType type) {
       return {"tccomm:all_gather", "allgather_coalesced", "ALLGATHER_coalesced"};
     case OpType::_ALLGATHER_BASE:
       return {"tccomm:all_gather_into_tensor", "_allgather_base", "_all_gather_base"};
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
-    case OpType::ALLGATHER_INTO_TENSOR_COALESCED: // new in torch 2.14
+#ifdef TCCOMM_HAS_ALLGATHER_COALESCED_OPTYPE
+    case OpType::ALLGATHER_INTO_TENSOR_COALESCED:
       return {"tccomm:all_gather_into_tensor", "allgather_into_tensor_coalesced", "all_gather_into_tensor_coalesced"};
 #endif
     case OpType::GATHER:
@@ -85,8 +86,10 @@ OpNames opNames(c10d::OpType type) {
       return {"tccomm:reduce_scatter", "reduce_scatter", "reduce_scatter"};
     case OpType::_REDUCE_SCATTER_BASE:
       return {"tccomm:reduce_scatter_tensor", "_reduce_scatter_base", "_reduce_scatter_base"};
+#ifdef TCCOMM_HAS_REDUCE_SCATTER_COALESCED_OPTYPE
     case OpType::REDUCE_SCATTER_TENSOR_COALESCED:
       return {"tccomm:reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced"};
+#endif
     case OpType::ALLTOALL:
     case OpType::ALLTOALL_BASE:
       return {"tccomm:all_to_all", "all_to_all", "all_to_all"};
@@ -128,9 +131,15 @@ ParamCommsRecord::ParamCommsRecord(const GroupIdentity& group, const OpParams& o
       outSplits,
       start,
       stride,
-      group.size,
-      /*isAsynchronizedOp=*/true);
+      group.size
+#ifdef TCCOMM_HAS_PARAM_COMMS_SEQUENCE
+      ,
+      /*isAsynchronizedOp=*/true
+#endif
+  );
+#ifdef TCCOMM_HAS_PARAM_COMMS_SEQUENCE
   info->setSequenceInfo(op.seq, op.p2p);
+#endif
   debugInfo_ = std::make_unique<c10::DebugInfoGuard>(c10::DebugInfoKind::PARAM_COMMS_INFO, info);
   span_ = std::make_unique<at::RecordFunction>(at::RecordScope::FUNCTION);
   if (!span_->isActive()) {
@@ -148,7 +157,10 @@ ParamCommsRecord::ParamCommsRecord(const GroupIdentity& group, const OpParams& o
       start,
       stride,
       group.size,
-      true};
+#ifdef TCCOMM_HAS_PARAM_COMMS_SEQUENCE
+      true,
+#endif
+  };
   if (span_->needsInputs()) {
     span_->before(at::kParamCommsCallName, c10::ArrayRef<const c10::IValue>(params.data(), params.size()));
   } else {
