@@ -378,7 +378,7 @@ bool needsGrad(c10::ArrayRef<c10::IValue> args) {
       return true;
     }
     if (a.isTensorList()) {
-      for (const at::Tensor& t : a.toTensorList()) {
+      for (const at::Tensor& t : a.toTensorVector()) {
         if (t.requires_grad()) {
           return true;
         }
