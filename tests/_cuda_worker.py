@@ -19,6 +19,8 @@ Scenarios:
   ddp       5 DDP steps on CUDA: same parameters as the same run on `nccl`
   timeout   a peer never joins: the op fails after the group's timeout
             naming op, group and rank; the process lives on
+            (TCCOMM_ASYNC_ERROR_HANDLING=2)
+  teardown  the same under the default error handling: the process is torn down
   tools     what torch's tools see of CUDA ops: the profiler's tccomm span,
             record_param_comms and NCCL's kernels on the device; the flight
             recorder's entry, named "nccl:all_reduce", completed
@@ -50,6 +52,7 @@ OUTDIR = ""  # set by main(): where the rank reports (and may write files)
 RANK = 0    # set by main() from the environment torchrun-style launchers give
 WORLD = 1
 DEV = torch.device("cuda", 0)
+GIVE_UP_S = 90  # teardown: how long a rank waits for what must end it sooner
 FLOAT_NAMES = ref.FLOATS
 DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16", "int8", "int32", "int64",
                "uint8", "bool")  # NCCL reduces no int16
@@ -409,6 +412,24 @@ def scenario_timeout():
         torch.cuda.synchronize()  # the aborted kernel has ended: this returns
     finally:
         store.set("timeout/done", "1")
+
+
+def scenario_teardown():
+    """Rank 1 issues an all_reduce that rank 0 never joins, under the default
+    error handling: its process must be torn down (the test checks how it
+    ended); rank 0 waits until the harness ends it."""
+    init(timeout=datetime.timedelta(seconds=5))
+    t = torch.ones(8, device=DEV)
+    dist.all_reduce(t)  # both ranks: the NCCL communicator exists
+    torch.cuda.synchronize()
+    if RANK == 0:
+        store = dist.distributed_c10d._get_default_store()
+        store.wait(["teardown/never"], datetime.timedelta(seconds=GIVE_UP_S))
+        return
+    dist.all_reduce(torch.ones(8, device=DEV), async_op=True).wait()
+    torch.cuda.synchronize()
+    time.sleep(GIVE_UP_S)
+    raise AssertionError(f"the process was not torn down {GIVE_UP_S} s after its op timed out")
 
 
 def scenario_selfcheck():

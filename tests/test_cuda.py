@@ -20,6 +20,7 @@ tests/_group.py like every multi-process suite), each claiming its own host:
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -185,22 +186,31 @@ def test_cuda_references_reject_wrong_results():
 
 # ---- GPU ---------------------------------------------------------------------------
 
-def run_scenario(scenario, world, extra_env=None):
-    """Runs `scenario` with `world` ranks on cuda:0 (tests/_group.py: a rank
-    that shows no progress for GPU_TIMEOUT s is hung, its stack dumped);
-    fails the test unless every rank passed it and exited with code 0."""
-    outdir = tempfile.mkdtemp(prefix=f"tccomm-cuda-{scenario}-")
-    port = _group.free_port()
-
+def _rank_env(world, port, extra_env=None):
+    """The environment of each rank of a GPU scenario: all on cuda:0.
+    extra_env: variables to set, or to remove where the value is None."""
     def env(rank):
         e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
                  CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
         if world > 1:
             e.update(_group.shared_gpu_env(rank))
-        e.update(extra_env or {})
+        for k, v in (extra_env or {}).items():
+            if v is None:
+                e.pop(k, None)
+            else:
+                e[k] = v
         return e
 
+    return env
+
+
+def run_scenario(scenario, world, extra_env=None):
+    """Runs `scenario` with `world` ranks on cuda:0 (tests/_group.py: a rank
+    that shows no progress for GPU_TIMEOUT s is hung, its stack dumped);
+    fails the test unless every rank passed it and exited with code 0."""
+    outdir = tempfile.mkdtemp(prefix=f"tccomm-cuda-{scenario}-")
+    env = _rank_env(world, _group.free_port(), extra_env)
     _group.run_scenario_or_fail(outdir, world, lambda rank: [WORKER, scenario, outdir], env, scenario, GPU_TIMEOUT)
     shutil.rmtree(outdir, ignore_errors=True)
 
@@ -223,7 +233,14 @@ def test_cuda_graph_capture_and_replay(world):
     run_scenario("graph", world)
 
 
+# torch before 2.14 gives split_group's child a copy of `parent_backend.options`,
+# which only nccl's backend object has (an AttributeError for any other backend).
+SPLIT_GROUP_WORKS = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14)
+
+
 @needs_gpu
+@pytest.mark.skipif(not SPLIT_GROUP_WORKS, reason=f"torch {torch.__version__}'s dist.split_group copies the parent "
+                    "backend's `options`, which only nccl's backend has (torch 2.14 dropped that)")
 @pytest.mark.parametrize("world", [2, 3])
 def test_split_group_splits_the_nccl_communicator(world):
     run_scenario("split", world)
@@ -241,4 +258,22 @@ def test_ddp_matches_nccl():
 
 @needs_gpu
 def test_peer_never_joins_times_out():
-    run_scenario("timeout", 2)
+    """With TCCOMM_ASYNC_ERROR_HANDLING=2 the timed-out op raises, naming the
+    op, the group and the rank, and the group refuses further work."""
+    run_scenario("timeout", 2, {"TCCOMM_ASYNC_ERROR_HANDLING": "2"})
+
+
+@needs_gpu
+def test_timed_out_op_tears_the_process_down_by_default():
+    """By default (as with nccl's TORCH_NCCL_ASYNC_ERROR_HANDLING=3) a CUDA op
+    that times out ends its process with SIGABRT after saying why: work
+    queued behind it on the device would otherwise run on incomplete data."""
+    outdir = tempfile.mkdtemp(prefix="tccomm-cuda-teardown-")
+    env = _rank_env(2, _group.free_port(), {"TCCOMM_ASYNC_ERROR_HANDLING": None})
+    run = _group.watch(_group.spawn(outdir, 2, lambda rank: [WORKER, "teardown", outdir], env),
+                       case_limit=lambda case: GPU_TIMEOUT)
+    log = _group.tail(run.logs[1], 200)
+    assert run.codes[1] == -signal.SIGABRT, (
+        f"rank 1 {_group.describe_exit(run.codes[1])}, expected killed by SIGABRT\n{run.tails([0, 1])}")
+    assert "timed out after 5000 ms" in log and "tearing the process down" in log, run.tails([1], 60)
+    shutil.rmtree(outdir, ignore_errors=True)

@@ -1887,7 +1887,9 @@ const char *ncclGetErrorString(ncclResult_t result) {
     case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
     case ncclRemoteError: return "remote process exited or there was a network error";
     case ncclInProgress: return "NCCL operation in progress";
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 30, 0) /* ncclTimeout is new in 2.30 */
     case ncclTimeout: return "NCCL timeout";
+#endif
     default: return "unknown result code";
   }
 }
@@ -1929,6 +1931,11 @@ static int resolve_blocking(const ncclConfig_t *config, int inherited) {
   const char *env = getenv("NCCL_COMM_BLOCKING");
   return !(env && strcmp(env, "0") == 0);
 }
+
+/* The value NCCL_CONFIG_INITIALIZER stores; nccl.h names it from 2.29 on. */
+#ifndef NCCL_API_MAGIC
+#define NCCL_API_MAGIC 0xcafebeef
+#endif
 
 static ncclResult_t check_config(const ncclConfig_t *config, const char *call) {
   if (!config) return ncclSuccess;
