@@ -269,7 +269,9 @@ static int nccl_test(tcc_op_t *op) {
   cudaThreadExchangeStreamCaptureMode(&mode);
   cudaError_t q = cudaEventQuery(ev);
   cudaThreadExchangeStreamCaptureMode(&mode);
-  if (q == cudaSuccess) tcc__cuda_finish(op, TCC_OK, NULL); /* the watchdog drops it later */
+  /* An event that completed because NCCL was aborted is no result: the
+   * watchdog fails that op. */
+  if (tcc__cuda_ended_by_itself(nccl_state_of(op->comm), q)) tcc__cuda_finish(op, TCC_OK, NULL);
   return atomic_load(&op->finished);
 }
 

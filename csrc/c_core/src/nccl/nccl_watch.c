@@ -77,6 +77,10 @@ void tcc__cuda_event_put(int device, cudaEvent_t ev) {
 
 /* ---- finishing ------------------------------------------------------------------- */
 
+int tcc__cuda_ended_by_itself(struct tcc__cuda *c, cudaError_t q) {
+  return q == cudaSuccess && !atomic_load(&c->nccl_aborted);
+}
+
 void tcc__cuda_finish(tcc_op_t *op, tcc_result_t r, const char *msg) {
   if (atomic_exchange(&nccl_op_of(op)->reaped, 1)) return;
   tcc__op_finish(op, r, msg);
@@ -122,7 +126,7 @@ static int fail_all(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list) {
     tcc_op_t *op = list;
     list = op->next;
     op->next = NULL;
-    if (cudaEventQuery(atomic_load(&nccl_op_of(op)->event)) == cudaSuccess) {
+    if (tcc__cuda_ended_by_itself(c, cudaEventQuery(atomic_load(&nccl_op_of(op)->event)))) {
       tcc__cuda_finish(op, TCC_OK, NULL);
       tcc_op_release(op);
       continue;
@@ -149,7 +153,9 @@ static int fail_all(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list) {
 }
 
 /* Checks the ops of `list` once; returns the ones still running, in order.
- * Adds the ops it failed to *failed (the communicator then failed). */
+ * Adds the ops it failed to *failed (the communicator then failed). Once
+ * NCCL was aborted, an op whose event completed is returned too: the abort
+ * may be what ended it, and fail_all decides. */
 static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list, int *failed, int *completed) {
   tcc_op_t *keep = NULL, **tail = &keep;
   const int64_t now = tcc__now_ns();
@@ -157,7 +163,13 @@ static tcc_op_t *poll_ops(tcc_comm_t *comm, struct tcc__cuda *c, tcc_op_t *list,
     tcc_op_t *op = list;
     list = op->next;
     op->next = NULL;
-    cudaError_t q = atomic_load(&nccl_op_of(op)->reaped) ? cudaSuccess : cudaEventQuery(atomic_load(&nccl_op_of(op)->event));
+    const int reaped = atomic_load(&nccl_op_of(op)->reaped);
+    cudaError_t q = reaped ? cudaSuccess : cudaEventQuery(atomic_load(&nccl_op_of(op)->event));
+    if (q == cudaSuccess && !reaped && !tcc__cuda_ended_by_itself(c, q)) {
+      *tail = op;
+      tail = &op->next;
+      continue;
+    }
     if (q == cudaSuccess) {
       tcc__cuda_finish(op, TCC_OK, NULL);
       tcc_op_release(op);
@@ -289,7 +301,7 @@ static void *watch_main(void *arg) {
       list = NULL;
     } else {
       list = poll_ops(comm, c, list, &failed, &completed);
-      if (failed) {
+      if (failed || (list && atomic_load(&c->nccl_aborted))) {
         failed += fail_all(comm, c, list);
         list = NULL;
       }

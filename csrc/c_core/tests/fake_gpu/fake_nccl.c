@@ -135,6 +135,11 @@ static long env_long(const char *name, long dflt) {
   return end && *end == '\0' ? v : dflt;
 }
 
+static int abort_ms(void) {
+  long ms = env_long("FAKE_NCCL_ABORT_MS", 20);
+  return ms < 0 ? 0 : ms > 60000 ? 60000 : (int)ms;
+}
+
 static int inprogress_ms(void) {
   long ms = env_long("FAKE_NCCL_INPROGRESS_MS", 50);
   return ms < 0 ? 0 : ms > 600000 ? 600000 : (int)ms;
@@ -2174,6 +2179,13 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   ncclResult_t r = f == FAKE_NCCL_BLOCK ? wait_aborted(NULL, "ncclCommAbort") : host_fault(f, c, "ncclCommAbort");
   if (r != ncclSuccess) return r;
   atomic_store(&c->aborted, 1);
+  /* As NCCL's abort: the communicator's kernels end (and the events
+   * behind them complete) well before the call returns, which first tears
+   * the communicator down ($FAKE_NCCL_ABORT_MS, default 20). */
+  const backoff_t b = backoff_start();
+  const int64_t kernels_end_by = now_ns() + 1000000000LL;
+  while (atomic_load(&c->pending) > 0 && now_ns() < kernels_end_by) backoff_nap(&b);
+  sleep_ns(abort_ms() * 1000000LL);
   shm_leave(c, GONE_ABORTED);
   handle_free(comm);
   return ncclSuccess;

@@ -281,6 +281,49 @@ static void rank_peer_dies(tcc_comm_t *comm) {
   gpu_rank_close(&g);
 }
 
+/* ---- an op that times out fails the ops queued behind it ------------------------
+ * Aborting NCCL ends the kernels of the timed-out op and of every op
+ * queued after it, and their events complete with them: that is no
+ * result. Each op must fail, whether the watchdog or a caller polling the
+ * op (tcc_op_test, as Work.is_completed does) looks first. */
+
+static tcc_op_t *issue_allreduce(gpu_rank_t *g, float *d, int64_t timeout_ms) {
+  tcc_op_opts_t opts = {.timeout_ms = timeout_ms, .premul_factor = 0};
+  tcc_op_t *o = NULL;
+  tcc_result_t r = tcc_allreduce(g->comm, dbuf(g, d, 64, TCC_FLOAT32), dbuf(g, d, 64, TCC_FLOAT32), TCC_SUM, &opts, &o);
+  CHECK(r == TCC_OK, "rank %d: allreduce refused: %s", g->rank, tcc_last_error());
+  return r == TCC_OK ? o : NULL;
+}
+
+static void rank_timeout_fails_queued_ops(tcc_comm_t *comm) {
+  alarm(60);
+  setenv("TCCOMM_ASYNC_ERROR_HANDLING", "2", 1); /* raise and mark unusable */
+  gpu_rank_t g = gpu_rank_open(comm);
+  float *d = dev_alloc(256), *e = dev_alloc(256);
+  char why[512];
+  CHECK(allreduce_once(&g, d, TIMEOUT_MS * 10, why, sizeof why) == TCC_OK, "warm-up: %s", why);
+  /* Rank 1's next allreduce never finishes on the device: every rank's times out. */
+  if (g.rank == 1) fake_nccl_inject("ncclAllReduce", 1, FAKE_NCCL_HANG_KERNEL);
+  tcc_op_t *first = issue_allreduce(&g, d, 1000);
+  tcc_op_t *queued = issue_allreduce(&g, e, TIMEOUT_MS * 10);
+  const char *names[2] = {"the timed-out op", "the op queued behind it"};
+  tcc_op_t *ops[2] = {first, queued};
+  for (int k = 0; k < 2; k++) {
+    if (!ops[k]) continue;
+    const int64_t until = now_ms() + 20000;
+    while (!tcc_op_test(ops[k]) && now_ms() < until) usleep(1000);
+    tcc_result_t r = tcc_op_wait(ops[k], 0);
+    CHECK(r != TCC_OK && r != TCC_ERR_INPROGRESS, "rank %d: %s ended with %s", g.rank, names[k],
+          tcc_result_string(r));
+    tcc_op_release(ops[k]);
+  }
+  tcc_comm_destroy(comm);
+  group_comm_destroyed = 1;
+  cudaFree(d);
+  cudaFree(e);
+  gpu_rank_close(&g);
+}
+
 /* ---- the default error policy: a CUDA op that times out ends the process ---- */
 
 static void rank_timeout_tears_down(tcc_comm_t *comm) {
@@ -389,6 +432,7 @@ int main(int argc, char **argv) {
       {"abort_blocked_call", 2, rank_abort_blocked_call, 0, NULL},
       {"init_never_joins", 2, rank_init_never_joins, 0, NULL},
       {"peer_dies", 2, rank_peer_dies, 0, NULL},
+      {"timeout_fails_queued_ops", 2, rank_timeout_fails_queued_ops, 0, NULL},
       {"timeout_tears_down", 2, rank_timeout_tears_down, 0, check_teardown},
       {"destroy_in_flight", 2, rank_destroy_in_flight, 0, NULL},
       {"destroy_lets_op_finish", 2, rank_destroy_lets_op_finish, 0, NULL},
