@@ -221,12 +221,20 @@ if not problem:
 print(f"PROBLEM={problem}")
 PY
 )
+  ENV_RC=$?
   printf '%s\n' "$ENV_INFO" | tee -a "$OUT/env.log"
   TORCH_GPUS=$(sed -n 's/^GPUS=//p' <<<"$ENV_INFO" | tail -n 1)
   ENV_DESC=$(sed -n 's/^DESC=//p' <<<"$ENV_INFO" | tail -n 1)
   ENV_PROBLEM=$(sed -n 's/^PROBLEM=//p' <<<"$ENV_INFO" | tail -n 1)
   if ! [[ ${TORCH_GPUS:-} =~ ^[0-9]+$ ]]; then
-    ENV_PROBLEM="the check of the venv failed: $(tail -n 1 <<<"$ENV_INFO")"
+    if [ "$ENV_RC" -gt 128 ]; then
+      # e.g. SIGSEGV at the first call into the extension: typically a shim
+      # compiled by a C++ compiler whose libstdc++ is not the one the
+      # process loads (build with that system's CC/CXX).
+      ENV_PROBLEM="the check of the venv was killed by signal $((ENV_RC - 128)) (importing torch and calling torchcomm_backend.build_info()); was the extension built with another C++ compiler than the system's (CC/CXX)?"
+    else
+      ENV_PROBLEM="the check of the venv failed (exit code $ENV_RC): $(tail -n 1 <<<"$ENV_INFO")"
+    fi
     TORCH_GPUS=0
   fi
   if [ -z "$ENV_PROBLEM" ]; then
@@ -294,8 +302,12 @@ fi
 
 # ---- 5. summary ---------------------------------------------------------------------
 
+# The summary needs only the standard library: the venv's Python unless it
+# is missing or the check above saw it die.
 SUMMARY_PY=$PY
-[ -x "$SUMMARY_PY" ] || SUMMARY_PY=${PYTHON:-python3}
+if [ ! -x "$SUMMARY_PY" ] || [ "${ENV_RC:-0}" -gt 128 ]; then
+  SUMMARY_PY=${PYTHON:-python3}
+fi
 export OUT NGPU GPU_HOW BUILD_DESC ENV_DESC ENV_PROBLEM TEST_RC HOST_RC SWEEP_RC FUNCOL_RC SWEEP_SKIP \
   SKIP_TESTS SKIP_BENCH BUILD_RC
 echo
