@@ -6,6 +6,10 @@
 #
 #   --venv DIR        use this existing venv as it is (no build; the checkout's
 #                     torchcomm_backend/_C*.so must be built for its torch)
+#   --build-into DIR  build the checkout into this existing venv, against the
+#                     torch it has (pip install --no-build-isolation --no-deps
+#                     -e .: nothing is downloaded, for a machine without
+#                     network access; the venv needs setuptools>=64 and ninja)
 #   --new-venv DIR    where the fresh venv is built
 #                     (default bench/results/gpu_acceptance_venv, replaced)
 #   --out-dir DIR     logs, JUnit XML, benchmark CSVs, summary.txt
@@ -70,6 +74,8 @@ die_usage() {
 }
 
 VENV=
+BUILD_INTO=
+VENV_OPT=--venv
 NEW_VENV=$ROOT/bench/results/gpu_acceptance_venv
 OUT=$ROOT/bench/results/gpu_acceptance_$(date +%Y%m%d-%H%M%S)
 MAX_BYTES=256M
@@ -80,6 +86,7 @@ ALLOW_NO_GPU=0
 while [ $# -gt 0 ]; do
   case $1 in
     --venv) [ $# -ge 2 ] || die_usage "--venv needs a directory"; VENV=$(absolute "$2"); shift ;;
+    --build-into) [ $# -ge 2 ] || die_usage "--build-into needs a directory"; VENV=$(absolute "$2"); BUILD_INTO=1; VENV_OPT=--build-into; shift ;;
     --new-venv) [ $# -ge 2 ] || die_usage "--new-venv needs a directory"; NEW_VENV=$(absolute "$2"); shift ;;
     --out-dir) [ $# -ge 2 ] || die_usage "--out-dir needs a directory"; OUT=$(absolute "$2"); shift ;;
     --max-bytes) [ $# -ge 2 ] || die_usage "--max-bytes needs a size"; MAX_BYTES=$2; shift ;;
@@ -132,7 +139,7 @@ if [ "$NGPU" -eq 0 ]; then
 fi
 
 if [ -n "$VENV" ]; then
-  [ -x "$VENV/bin/python" ] || die_usage "--venv $VENV: there is no $VENV/bin/python"
+  [ -x "$VENV/bin/python" ] || die_usage "$VENV_OPT $VENV: there is no $VENV/bin/python"
 elif [ -e "$NEW_VENV" ] && [ ! -f "$NEW_VENV/pyvenv.cfg" ]; then
   die_usage "--new-venv $NEW_VENV exists and is not a venv (no pyvenv.cfg): not deleting it"
 fi
@@ -159,7 +166,22 @@ fi
 
 BUILD_RC=0
 BUILT=0
-if [ -n "$VENV" ]; then
+if [ -n "$VENV" ] && [ -n "$BUILD_INTO" ]; then
+  VENV=$(cd "$VENV" && pwd)
+  echo "== building tccomm into the existing venv $VENV (its torch as it is)"
+  BUILT=1
+  rm -rf "$ROOT"/torchcomm_backend/_C*.so "$ROOT/torchcomm_backend/_build_torch.py"
+  # TORCH_DEVICE_BACKEND_AUTOLOAD=0: `import torch` in the build must not
+  # load a tccomm installed there before.
+  run_logged "$OUT/build.log" env TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$VENV/bin/python" -m pip install -q \
+    --disable-pip-version-check --no-build-isolation --no-deps -e "$ROOT"
+  BUILD_RC=$?
+  if [ "$BUILD_RC" -eq 0 ]; then
+    BUILD_DESC="existing venv $VENV, tccomm built into it from source"
+  else
+    BUILD_DESC="building into $VENV FAILED (exit code $BUILD_RC; $OUT/build.log)"
+  fi
+elif [ -n "$VENV" ]; then
   VENV=$(cd "$VENV" && pwd)
   BUILD_DESC="existing venv $VENV (not rebuilt)"
   echo "== using $BUILD_DESC"
@@ -466,7 +488,7 @@ if [ "$HOST_RC" -gt 0 ] || [ "$SWEEP_RC" -gt 0 ]; then
   EXIT=1
 fi
 if [ "$BUILT" -eq 1 ]; then
-  echo "note: setup_env.sh replaced the checkout's build (torchcomm_backend/_C*.so) with one for"
+  echo "note: this replaced the checkout's build (torchcomm_backend/_C*.so) with one for"
   echo "      $VENV: a venv with another torch needs scripts/setup_env.sh VENV again"
 fi
 echo "exit code $EXIT"

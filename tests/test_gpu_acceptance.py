@@ -63,3 +63,11 @@ def test_a_crashing_check_is_named(tmp_path):
     assert code == 1, out
     env_row = next(ln for ln in out.splitlines() if ln.startswith("| environment"))
     assert "FAIL" in env_row and "killed by signal 11" in env_row, out
+
+
+def test_build_into_needs_a_venv(tmp_path):
+    """--build-into builds the checkout into a venv that exists (for a
+    machine without network access); a directory without a Python is a
+    usage error, found before anything is built."""
+    code, out = run(tmp_path, "--build-into", str(tmp_path / "nowhere"), fake_gpus=1)
+    assert code == 64 and "--build-into" in out and "there is no" in out, out
