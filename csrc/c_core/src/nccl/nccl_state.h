@@ -177,13 +177,13 @@ void tcc__cuda_watch(struct tcc__cuda *c, tcc_op_t *op);
 void tcc__cuda_watch_wake(struct tcc__cuda *c);
 /* Lets the watchdog drain what it watches and stop. */
 void tcc__cuda_watch_stop(struct tcc__cuda *c);
-/* Finishes op once (whoever claims it first). */
 /* Whether an op's event query `q` means its work is done: it completed
  * while NCCL was not being aborted. An abort ends the kernels of every op
  * in flight and their events complete with them, over half-written
  * buffers. nccl_aborted is set before the abort begins, so an event seen
  * complete (queried first) while it is still clear ended by itself. */
 int tcc__cuda_ended_by_itself(struct tcc__cuda *c, cudaError_t q);
+/* Finishes op once (whoever claims it first). */
 void tcc__cuda_finish(tcc_op_t *op, tcc_result_t r, const char *msg);
 /* Aborts the NCCL communicators once (after the communicator failed); no lock. */
 void tcc__cuda_abort_nccl(tcc_comm_t *comm, struct tcc__cuda *c);
