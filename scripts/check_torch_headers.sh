@@ -11,8 +11,8 @@
 # -Werror, the C++ standard that torch needs), syntax only. The CUDA part
 # (csrc/cuda/*.cpp, TCCOMM_WITH_CUDA) is included when the wheel is a CUDA
 # build and the CUDA toolkit's and NCCL's headers are found, as setup.py
-# finds them. Exit code 0 when every
-# file compiles.
+# finds them. Exit code 0 when every file compiles, 1 when one does not, 3
+# when the wheel could not be downloaded (nothing checked).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,7 +25,10 @@ if [ ! -f "$WORK/torch/include/torch/headeronly/version.h" ]; then
   echo "== downloading torch==$VERSION (headers only are kept)"
   rm -rf "$WORK"
   mkdir -p "$WORK/wheel"
-  "$PY" -m pip download -q --no-deps --only-binary=:all: "torch==$VERSION" -d "$WORK/wheel"
+  if ! "$PY" -m pip download -q --no-deps --only-binary=:all: "torch==$VERSION" -d "$WORK/wheel"; then
+    echo "could not download torch==$VERSION: nothing was checked"
+    exit 3
+  fi
   unzip -q -o "$WORK"/wheel/torch-*.whl 'torch/include/*' -d "$WORK"
   rm -rf "$WORK/wheel"
 fi
