@@ -5,11 +5,15 @@
 
 #include "core/idle_wait.h"
 
+/* Polls between two looks at the clock (and checks) while spinning on. */
+#define AWAY_SPIN_POLLS 256
+
 tcc_result_t tcc__idle_wait(const tcc__idle_wait_t *w) {
   for (int i = 0; i < w->spins; i++) {
     if (w->ready(w->arg)) return TCC_OK;
     tcc_cpu_relax();
   }
+  int64_t spin_until = 0;
   for (int round = 0;; round++) {
     if (w->ready(w->arg)) return TCC_OK;
     int64_t now = tcc__now_ns();
@@ -18,6 +22,14 @@ tcc_result_t tcc__idle_wait(const tcc__idle_wait_t *w) {
       if (r != TCC_OK) return r;
     }
     if (now >= w->deadline_ns) return TCC_ERR_TIMEOUT;
+    if (w->peer_here && !w->peer_here(w->arg)) {
+      if (spin_until == 0) spin_until = now + w->away_spin_ns;
+      if (now < spin_until) {
+        for (int i = 0; i < AWAY_SPIN_POLLS && !w->ready(w->arg); i++) tcc_cpu_relax();
+        round--; /* not a yield */
+        continue;
+      }
+    }
     if (round < w->yields) {
       sched_yield();
       continue;

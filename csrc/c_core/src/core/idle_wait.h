@@ -6,6 +6,8 @@
  * It spins first (cheap when the other side runs on another core), then
  * yields (lets a peer that shares this core run), then sleeps on a futex
  * word in bounded naps (a wake-up lost to a race costs at most one nap).
+ * A caller that knows where the other side runs (peer_here) spins on,
+ * instead of yielding, while it runs on another CPU: see cpu_share.h.
  * How long each phase lasts is the caller's: a single place to tune how
  * waiting behaves when cores are shared.
  */
@@ -23,6 +25,11 @@ typedef struct tcc__idle_wait {
   tcc_result_t (*check)(void *arg, int64_t now_ns);
   void *arg;
   int spins;          /* busy polls before the first yield */
+  /* NULL, or whether a party waited for last ran on this thread's CPU:
+   * while it says no, the wait spins on, for up to away_spin_ns, before
+   * it yields. */
+  bool (*peer_here)(void *arg);
+  int64_t away_spin_ns;
   int yields;         /* sched_yield rounds before the first nap */
   int64_t max_nap_ns; /* longest single sleep */
   int64_t deadline_ns;

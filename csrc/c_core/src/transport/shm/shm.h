@@ -27,6 +27,7 @@
 #ifndef TCC_SHM_H
 #define TCC_SHM_H
 
+#include "core/cpu_share.h"
 #include "transport/transport.h"
 #include "transport/shm/shm_segment.h"
 
@@ -48,6 +49,7 @@ typedef struct shm_header {
 
 typedef struct shm_rank_ctrl {
   _Alignas(TCC_CACHELINE) atomic_ullong arrive; /* last barrier stage reached */
+  atomic_int cpu; /* the CPU the rank ran on at its last barrier (-1: not known) */
   _Alignas(TCC_CACHELINE) atomic_uint doorbell; /* bumped to wake the p2p thread */
   atomic_int doorbell_sleeping;
   atomic_int destroyed; /* set before the rank lets go of its liveness lock */
@@ -83,6 +85,7 @@ typedef struct shm_state {
    * when the process dies, however it dies. */
   int lock_fd;
   atomic_llong *peer_checked_ns; /* [size] last liveness check of each peer */
+  tcc__cpu_share_t cpu_share; /* how barrier waits share CPUs (cpu_share.h) */
 } shm_state_t;
 
 /* Bytes between consecutive rings: the ring and its capacity, page aligned. */

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/log.h"
 #include "core/mutation.h"
 #include "transport/shm/shm.h"
 
@@ -197,6 +198,10 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
     return err->code;
   }
   tcc__shm_cma_publish(comm, st);
+  atomic_store(&shm_ctrl(st, comm->rank)->cpu, -1);
+  char cpu_why[160];
+  tcc__cpu_share_init(&st->cpu_share, comm->size, cpu_why, sizeof cpu_why);
+  TCC_LOG_INFO(comm->rank, "communicator '%s' shared memory: %s", comm->name, cpu_why);
   int n = comm->size, got = 0;
   r = tcc__segment_attach(st->base, st->lock_fd, &id, comm->rank, n, deadline, who, &got, err);
   if (r != TCC_OK) {

@@ -43,12 +43,30 @@ typedef struct arrival {
   const char *what;
   uint64_t seq;
   tcc_err_t *err;
+  bool shared_cpu; /* a rank waited for was seen on this CPU */
 } arrival_t;
 
 static bool all_arrived(void *arg) {
   arrival_t *a = arg;
   a->first = first_missing(a->st, a->n, a->first, a->stage);
   return a->first >= a->n;
+}
+
+/* Whether a rank not yet arrived last ran on this CPU (see cpu_share.h). */
+static bool missing_rank_here(void *arg) {
+  arrival_t *a = arg;
+  const int here = tcc__cpu_now();
+  if (here < 0) return true;
+  for (int k = a->first; k < a->n; k++) {
+    const shm_rank_ctrl_t *c = shm_ctrl(a->st, k);
+    if (atomic_load_explicit(&c->arrive, memory_order_acquire) >= a->stage) continue;
+    const int cpu = atomic_load_explicit(&c->cpu, memory_order_relaxed);
+    if (cpu < 0 || cpu == here) {
+      a->shared_cpu = true;
+      return true;
+    }
+  }
+  return false;
 }
 
 /* The communicator failed, or a rank that has not arrived is gone. */
@@ -77,17 +95,24 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
   if (TCC_MUTANT(BARRIER_SKIP_PEER) && strcmp(what, "barrier") == 0) n--; /* MUTATION SITE */
   const uint64_t stage = ++st->stage;
   shm_header_t *h = st->hdr;
-  atomic_store(&shm_ctrl(st, comm->rank)->arrive, stage);
+  shm_rank_ctrl_t *mine = shm_ctrl(st, comm->rank);
+  atomic_store_explicit(&mine->cpu, tcc__cpu_now(), memory_order_relaxed);
+  atomic_store(&mine->arrive, stage);
   if (atomic_load(&h->barrier_sleepers) > 0) {
     atomic_fetch_add(&h->barrier_futex, 1);
     tcc__futex_wake_all(&h->barrier_futex);
   }
-  arrival_t a = {comm, st, n, 0, stage, what, seq, err};
+  arrival_t a = {comm, st, n, 0, stage, what, seq, err, false};
   const tcc__idle_wait_t w = {.ready = all_arrived, .check = arrival_trouble, .arg = &a,
-                              .spins = comm->spin_iters, .yields = 64, .max_nap_ns = 20 * 1000000LL,
+                              .spins = comm->spin_iters,
+                              .peer_here = st->cpu_share.spin_while_away ? missing_rank_here : NULL,
+                              .away_spin_ns = TCC_CPU_AWAY_SPIN_NS, .yields = 64, .max_nap_ns = 20 * 1000000LL,
                               .deadline_ns = deadline_ns, .word = &h->barrier_futex,
                               .sleepers = &h->barrier_sleepers};
   tcc_result_t r = tcc__idle_wait(&w);
+  tcc__cpu_share_after_wait(&st->cpu_share, a.shared_cpu);
+  /* Where this rank goes on from: what a peer waiting for it next sees. */
+  atomic_store_explicit(&mine->cpu, tcc__cpu_now(), memory_order_relaxed);
   /* On a timeout the stage counter stays as is: the communicator is failed anyway. */
   if (r == TCC_ERR_TIMEOUT) return barrier_timeout(comm, st, what, seq, stage, err);
   return r;

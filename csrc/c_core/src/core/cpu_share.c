@@ -1,0 +1,72 @@
+/*
+ * cpu_share.c - see cpu_share.h.
+ */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cpu_share.h"
+#include "core/log.h"
+
+/* Waits that must find the awaited rank on this CPU, within the window,
+ * before a move: one unlucky wait is no pattern. */
+#define SHARED_WAITS_TO_MOVE 16
+#define SHARED_WINDOW_NS (10 * 1000000LL)
+/* At most one move per interval: the scheduler gets time to settle. */
+#define MOVE_INTERVAL_NS (5 * 1000000LL)
+
+int tcc__cpu_now(void) { return sched_getcpu(); }
+
+void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t why_len) {
+  memset(s, 0, sizeof *s);
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+    snprintf(why, why_len, "the CPU affinity cannot be read: waiters yield at once");
+    return;
+  }
+  const int cpus = CPU_COUNT(&allowed);
+  if (local_ranks > cpus) {
+    snprintf(why, why_len, "%d ranks on this host, %d CPU(s) allowed: waiters yield at once", local_ranks, cpus);
+    return;
+  }
+  s->spin_while_away = true;
+  const char *env = getenv("TCCOMM_CPU_MOVE");
+  s->may_move = cpus >= 2 && !(env && strcmp(env, "0") == 0);
+  snprintf(why, why_len, "%d ranks on this host, %d CPU(s) allowed: waiters spin while the awaited rank runs elsewhere, %s",
+           local_ranks, cpus,
+           s->may_move ? "and leave a CPU it shares with them" : cpus < 2 ? "one CPU: never move" : "moving off (TCCOMM_CPU_MOVE=0)");
+}
+
+/* Leaves the CPU this thread runs on for another one it may use: the
+ * affinity without this CPU forces the migration, the original affinity,
+ * restored at once, leaves the scheduler free again. */
+static void move_off_this_cpu(tcc__cpu_share_t *s) {
+  cpu_set_t allowed, elsewhere;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  const int here = sched_getcpu();
+  if (here < 0 || !CPU_ISSET(here, &allowed) || CPU_COUNT(&allowed) < 2) return;
+  elsewhere = allowed;
+  CPU_CLR(here, &elsewhere);
+  /* Returns once this thread runs on one of `elsewhere`'s CPUs. */
+  if (sched_setaffinity(0, sizeof elsewhere, &elsewhere) != 0) return;
+  const int there = sched_getcpu();
+  sched_setaffinity(0, sizeof allowed, &allowed);
+  s->moves++;
+  s->moved_from = here;
+  s->moved_to = there;
+  TCC_LOG_TRACE(-1, "moved off CPU %d, shared with the rank waited for, to CPU %d", here, there);
+}
+
+void tcc__cpu_share_after_wait(tcc__cpu_share_t *s, bool shared) {
+  if (!s->may_move || !shared) return;
+  const int64_t now = tcc__now_ns();
+  if (s->shared_waits == 0 || now - s->first_shared_ns > SHARED_WINDOW_NS) {
+    s->shared_waits = 0;
+    s->first_shared_ns = now;
+  }
+  if (++s->shared_waits < SHARED_WAITS_TO_MOVE || now - s->last_move_ns < MOVE_INTERVAL_NS) return;
+  s->shared_waits = 0;
+  s->last_move_ns = now;
+  move_off_this_cpu(s);
+}

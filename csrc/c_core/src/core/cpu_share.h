@@ -1,0 +1,61 @@
+/*
+ * cpu_share.h - waiting well when ranks of a group share CPUs with each
+ * other or with other processes (another job, a data loader, `yes`).
+ *
+ * A rank waiting for a peer has three choices, and which one is right
+ * depends on where the peer is:
+ *   - the peer runs on another CPU: spin. A yield would hand this CPU to
+ *     whatever else is queued on it (another process), for a whole time
+ *     slice, and a sleep costs a wake-up of tens of microseconds;
+ *   - the peer is queued on this CPU: yield, so that it runs now;
+ *   - the peer is away for long: sleep (idle_wait.h's last phase).
+ * Each rank publishes the CPU it runs on at every stage barrier
+ * (tcc__cpu_now), so a waiter knows which case it is in. This holds only
+ * while the group has no more ranks on this host than the rank may use
+ * CPUs: beyond that, the process queued on this CPU is most likely another
+ * rank of the group, and spinning would keep it from the op (the waiter
+ * then yields at once, as before).
+ *
+ * Two ranks that share one CPU while another process has a CPU to itself
+ * only ever run one at a time: every op then costs two context switches,
+ * and the scheduler has no reason to separate them (either placement
+ * leaves the load balanced). So, with no more ranks than CPUs again, a
+ * rank that keeps finding the peer it waits for on its own CPU moves itself to another of its allowed CPUs
+ * (tcc__cpu_share_after_wait): its affinity excludes this CPU for a moment and
+ * is then restored exactly, so the scheduler is free to place it again.
+ * TCCOMM_CPU_MOVE=0 turns moving off.
+ */
+#ifndef TCC_CORE_CPU_SHARE_H
+#define TCC_CORE_CPU_SHARE_H
+
+#include "core/base.h"
+
+/* How long a waiter spins while the ranks it waits for run on other CPUs,
+ * before it yields and sleeps: longer than the work above the core between
+ * two ops of a rank (a few microseconds, ten times that under load), far
+ * shorter than a time slice. */
+#define TCC_CPU_AWAY_SPIN_NS (200 * 1000LL)
+
+/* The CPU this thread runs on now (-1: unknown). Cheap (rseq). */
+int tcc__cpu_now(void);
+
+/* One rank's view of how its group shares CPUs, per group and host. */
+typedef struct tcc__cpu_share {
+  bool spin_while_away;    /* no more ranks on this host than CPUs allowed */
+  bool may_move;           /* that, and moving is not turned off */
+  int shared_waits;        /* waits that found the awaited rank on this CPU */
+  int64_t first_shared_ns; /* when the first of them was */
+  int64_t last_move_ns;
+  int moves;                   /* moves made, and the last one's CPUs: */
+  int moved_from, moved_to;    /* for tests and the log */
+} tcc__cpu_share_t;
+
+/* Decides both for a group with `local_ranks` ranks on this host; `why`
+ * gets a line for the log. */
+void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t why_len);
+
+/* After a wait: `shared` when a rank it waited for was on this CPU.
+ * Moves this thread to another allowed CPU when that keeps happening. */
+void tcc__cpu_share_after_wait(tcc__cpu_share_t *s, bool shared);
+
+#endif /* TCC_CORE_CPU_SHARE_H */

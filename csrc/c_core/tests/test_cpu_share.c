@@ -1,0 +1,142 @@
+/*
+ * test_cpu_share.c - waiting when CPUs are shared (core/cpu_share.h,
+ * core/idle_wait.h): which waits spin on and which may move, that a move
+ * leaves the CPU and restores the affinity exactly, and that spinning on
+ * still ends at a deadline or a failure.
+ */
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/cpu_share.h"
+#include "core/idle_wait.h"
+#include "core/internal.h"
+
+static int allowed_cpus(cpu_set_t *set) {
+  CHECK(sched_getaffinity(0, sizeof *set, set) == 0, "sched_getaffinity");
+  return CPU_COUNT(set);
+}
+
+static void test_decisions(void) {
+  cpu_set_t set;
+  const int cpus = allowed_cpus(&set);
+  tcc__cpu_share_t s;
+  char why[160];
+
+  tcc__cpu_share_init(&s, cpus + 1, why, sizeof why);
+  CHECK(!s.spin_while_away && !s.may_move, "more ranks than CPUs: spin %d move %d", s.spin_while_away, s.may_move);
+  CHECK(strstr(why, "yield at once") != NULL, "why: %s", why);
+
+  tcc__cpu_share_init(&s, cpus, why, sizeof why);
+  CHECK(s.spin_while_away, "as many ranks as CPUs spin while away: %s", why);
+  CHECK(s.may_move == (cpus >= 2), "may move with %d CPUs: %d (%s)", cpus, s.may_move, why);
+
+  setenv("TCCOMM_CPU_MOVE", "0", 1);
+  tcc__cpu_share_init(&s, 1, why, sizeof why);
+  CHECK(s.spin_while_away && !s.may_move, "TCCOMM_CPU_MOVE=0: spin %d move %d", s.spin_while_away, s.may_move);
+  CHECK(strstr(why, "TCCOMM_CPU_MOVE=0") != NULL || cpus < 2, "why: %s", why);
+  unsetenv("TCCOMM_CPU_MOVE");
+
+  /* A thread pinned to one CPU never moves (nowhere to go). */
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(tcc__cpu_now() >= 0 ? tcc__cpu_now() : 0, &one);
+  if (sched_setaffinity(0, sizeof one, &one) == 0) {
+    tcc__cpu_share_init(&s, 1, why, sizeof why);
+    CHECK(s.spin_while_away && !s.may_move, "one CPU allowed: spin %d move %d (%s)", s.spin_while_away, s.may_move,
+          why);
+    for (int i = 0; i < 64; i++) tcc__cpu_share_after_wait(&s, true);
+    CHECK(s.moves == 0, "moved %d times with one CPU", s.moves);
+    CHECK(sched_setaffinity(0, sizeof set, &set) == 0, "affinity restored by the test");
+  }
+}
+
+static void test_moves(void) {
+  cpu_set_t before;
+  if (allowed_cpus(&before) < 2) {
+    fprintf(stderr, "test_cpu_share: moves not tested: this thread may use only one CPU\n");
+    return;
+  }
+  tcc__cpu_share_t s;
+  char why[160];
+  tcc__cpu_share_init(&s, 2, why, sizeof why);
+  CHECK(s.may_move, "two ranks, two CPUs or more: %s", why);
+
+  /* Waits that did not share a CPU never count. */
+  for (int i = 0; i < 100; i++) tcc__cpu_share_after_wait(&s, false);
+  CHECK(s.moves == 0, "moved after unshared waits: %d", s.moves);
+  /* One pattern of shared waits moves once; a second, right after, waits
+   * for the interval. */
+  for (int i = 0; i < 15; i++) tcc__cpu_share_after_wait(&s, true);
+  CHECK(s.moves == 0, "moved before 16 shared waits: %d", s.moves);
+  tcc__cpu_share_after_wait(&s, true);
+  CHECK(s.moves == 1, "16 shared waits: %d moves", s.moves);
+  CHECK(s.moved_from != s.moved_to && s.moved_to >= 0, "moved from CPU %d to %d", s.moved_from, s.moved_to);
+  CHECK(CPU_ISSET(s.moved_to, &before), "moved to CPU %d, which was allowed", s.moved_to);
+  cpu_set_t after;
+  allowed_cpus(&after);
+  CHECK(CPU_EQUAL(&before, &after), "affinity restored exactly (%d CPUs before, %d after)", CPU_COUNT(&before),
+        CPU_COUNT(&after));
+  for (int i = 0; i < 16; i++) tcc__cpu_share_after_wait(&s, true);
+  CHECK(s.moves == 1, "a second move within the interval: %d moves", s.moves);
+  struct timespec nap = {0, 6 * 1000 * 1000};
+  nanosleep(&nap, NULL);
+  for (int i = 0; i < 16; i++) tcc__cpu_share_after_wait(&s, true);
+  CHECK(s.moves == 2, "after the interval: %d moves", s.moves);
+}
+
+/* The idle wait's spin-on phase: a party "elsewhere" never yields, and a
+ * deadline or a failed check still ends it long before away_spin_ns. */
+typedef struct spin_probe {
+  atomic_int ready;
+  int checks, fail_after, here_calls;
+} spin_probe_t;
+
+static bool probe_ready(void *arg) { return atomic_load(&((spin_probe_t *)arg)->ready); }
+static bool probe_elsewhere(void *arg) {
+  ((spin_probe_t *)arg)->here_calls++;
+  return false;
+}
+static tcc_result_t probe_check(void *arg, int64_t now_ns) {
+  (void)now_ns;
+  spin_probe_t *p = arg;
+  return ++p->checks >= p->fail_after ? TCC_ERR_ABORTED : TCC_OK;
+}
+
+static void test_spin_on_ends(void) {
+  static atomic_uint word;
+  static atomic_int sleepers;
+  spin_probe_t p = {.fail_after = 1 << 30};
+  tcc__idle_wait_t w = {.ready = probe_ready, .check = probe_check, .arg = &p, .spins = 10,
+                        .peer_here = probe_elsewhere, .away_spin_ns = 10LL * 1000 * 1000 * 1000, .yields = 64,
+                        .max_nap_ns = 1000000, .word = &word, .sleepers = &sleepers};
+  int64_t start = tcc__now_ns();
+  w.deadline_ns = start + 20 * 1000 * 1000;
+  CHECK(tcc__idle_wait(&w) == TCC_ERR_TIMEOUT, "deadline while spinning on");
+  int64_t took = tcc__now_ns() - start;
+  CHECK(took < 2000LL * 1000 * 1000, "the 20 ms deadline ended a 10 s spin after %lld ms", (long long)(took / 1000000));
+  CHECK(p.here_calls > 1 && p.checks > 1, "asked where the party runs (%d) and checked (%d) while spinning",
+        p.here_calls, p.checks);
+
+  spin_probe_t q = {.fail_after = 5};
+  w.arg = &q;
+  w.deadline_ns = INT64_MAX;
+  start = tcc__now_ns();
+  CHECK(tcc__idle_wait(&w) == TCC_ERR_ABORTED, "a failed check ends the spin");
+  CHECK(tcc__now_ns() - start < 2000LL * 1000 * 1000, "ended after %lld ms",
+        (long long)((tcc__now_ns() - start) / 1000000));
+
+  spin_probe_t r = {.fail_after = 1 << 30};
+  atomic_store(&r.ready, 1);
+  w.arg = &r;
+  CHECK(tcc__idle_wait(&w) == TCC_OK, "ready at once");
+}
+
+int main(void) {
+  test_decisions();
+  test_moves();
+  test_spin_on_ends();
+  CHECK_DONE();
+}
