@@ -4,6 +4,7 @@ one host.
 
     python bench/bench_layers.py                 # 2 ranks, shared memory
     python bench/bench_layers.py --world 4 --csv layers.csv
+    python bench/bench_layers.py --busy 1        # one core kept busy meanwhile
 
 Layers, each timed in the conventions of bench/bench_collectives.py
 (warm-up, then the median of 5 batches of the slowest rank's time per call):
@@ -16,6 +17,10 @@ Layers, each timed in the conventions of bench/bench_collectives.py
   gloo      dist.all_reduce(t) on a gloo group, for reference
 Each layer's "above core" column is its time minus the core's: what the
 layers above the core add. Every result is checked.
+
+--busy N keeps N other processes spinning (one core each, as another job
+or a data loader would) for the whole measurement, the core's included:
+how waiting holds up when cores are shared.
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = os.path.join(ROOT, "csrc", "c_core")
 WARMUP = 2000
 BATCHES = 5
+
+
+def start_busy(n: int) -> list[subprocess.Popen]:
+    """n processes that keep a core each busy until killed."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 def core_time(world: int) -> float:
@@ -114,7 +124,18 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--calls", type=int, default=20000, help="calls per batch (gloo: a tenth)")
     ap.add_argument("--csv", help="also write the table here")
+    ap.add_argument("--busy", type=int, default=0, help="processes that keep a core busy meanwhile (default 0)")
     args = ap.parse_args()
+    busy = start_busy(args.busy)
+    try:
+        measure(args)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+def measure(args: argparse.Namespace) -> None:
 
     out = os.path.join(ROOT, "bench", "results", f"layers.w{args.world}.tmp")
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -135,7 +156,8 @@ def main() -> None:
             rows.append((name, float(med), [float(b) for b in batches.split(";")]))
     os.remove(out)
 
-    lines = [f"8 B all_reduce, {args.world} ranks on one host, us per call (median of {BATCHES} batches,"
+    load = f", {args.busy} core(s) kept busy by other processes" if args.busy else ""
+    lines = [f"8 B all_reduce, {args.world} ranks on one host{load}, us per call (median of {BATCHES} batches,"
              f" slowest rank)", f"{'layer':<10} {'us':>8} {'above core':>11}  batches"]
     for name, med, batches in rows:
         above = "" if name == "core" else f"{med - core:+.2f}"
@@ -143,9 +165,9 @@ def main() -> None:
     print("\n".join(lines))
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("layer,world,us_per_call,us_above_core\n")
+            f.write("layer,world,busy,us_per_call,us_above_core\n")
             for name, med, _ in rows:
-                f.write(f"{name},{args.world},{med:.3f},{med - core:.3f}\n")
+                f.write(f"{name},{args.world},{args.busy},{med:.3f},{med - core:.3f}\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """bench/bench_layers.py runs end to end: every layer of a small all_reduce
 (the C core, the TorchComm API, the functional op + wait_tensor, eager c10d,
 gloo) is timed, checked by the benchmark itself, and reported in the table
-and the CSV. A smoke run with few calls: figures are not judged here."""
+and the CSV, quiet and with a core kept busy by another process (--busy).
+A smoke run with few calls: figures are not judged here."""
 
 import csv
 import os
@@ -12,11 +13,15 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_every_layer_is_measured_and_reported():
+import pytest
+
+
+@pytest.mark.parametrize("busy", [0, 1])
+def test_every_layer_is_measured_and_reported(busy):
     with tempfile.TemporaryDirectory() as tmp:
         out_csv = os.path.join(tmp, "layers.csv")
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_layers.py"), "--calls", "200",
-                               "--csv", out_csv], capture_output=True, text=True, timeout=300)
+                               "--csv", out_csv, "--busy", str(busy)], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         with open(out_csv) as f:
             rows = list(csv.DictReader(f))
@@ -24,7 +29,8 @@ def test_every_layer_is_measured_and_reported():
     assert layers == ["core", "torchcomm", "funcol", "c10d", "gloo"], layers
     core = float(rows[0]["us_per_call"])
     for r in rows:
-        assert r["world"] == "2" and float(r["us_per_call"]) > 0, r
+        assert r["world"] == "2" and r["busy"] == str(busy) and float(r["us_per_call"]) > 0, r
         assert abs(float(r["us_above_core"]) - (float(r["us_per_call"]) - core)) < 1e-2, r
+    assert ("core(s) kept busy" in proc.stdout) == bool(busy), proc.stdout
     for layer in layers:
         assert any(line.startswith(layer) for line in proc.stdout.splitlines()), (layer, proc.stdout)

@@ -48,7 +48,7 @@ static void test_decisions(void) {
     CHECK(s.spin_while_away && !s.may_move, "one CPU allowed: spin %d move %d (%s)", s.spin_while_away, s.may_move,
           why);
     for (int i = 0; i < 64; i++) tcc__cpu_share_after_wait(&s, true);
-    CHECK(s.moves == 0, "moved %d times with one CPU", s.moves);
+    CHECK(tcc__cpu_moves(NULL, NULL) == 0, "moved %d times with one CPU", tcc__cpu_moves(NULL, NULL));
     CHECK(sched_setaffinity(0, sizeof set, &set) == 0, "affinity restored by the test");
   }
 }
@@ -66,25 +66,31 @@ static void test_moves(void) {
 
   /* Waits that did not share a CPU never count. */
   for (int i = 0; i < 100; i++) tcc__cpu_share_after_wait(&s, false);
-  CHECK(s.moves == 0, "moved after unshared waits: %d", s.moves);
+  CHECK(tcc__cpu_moves(NULL, NULL) == 0, "moved after unshared waits");
+  /* Groups whose ranks outnumber the CPUs never move. */
+  tcc__cpu_share_t crowded;
+  tcc__cpu_share_init(&crowded, CPU_COUNT(&before) + 1, why, sizeof why);
+  for (int i = 0; i < 100; i++) tcc__cpu_share_after_wait(&crowded, true);
+  CHECK(tcc__cpu_moves(NULL, NULL) == 0, "moved in a group with more ranks than CPUs");
   /* One pattern of shared waits moves once; a second, right after, waits
    * for the interval. */
   for (int i = 0; i < 15; i++) tcc__cpu_share_after_wait(&s, true);
-  CHECK(s.moves == 0, "moved before 16 shared waits: %d", s.moves);
+  CHECK(tcc__cpu_moves(NULL, NULL) == 0, "moved before 16 shared waits");
   tcc__cpu_share_after_wait(&s, true);
-  CHECK(s.moves == 1, "16 shared waits: %d moves", s.moves);
-  CHECK(s.moved_from != s.moved_to && s.moved_to >= 0, "moved from CPU %d to %d", s.moved_from, s.moved_to);
-  CHECK(CPU_ISSET(s.moved_to, &before), "moved to CPU %d, which was allowed", s.moved_to);
+  int from = -1, to = -1;
+  CHECK(tcc__cpu_moves(&from, &to) == 1, "16 shared waits: %d moves", tcc__cpu_moves(NULL, NULL));
+  CHECK(from != to && to >= 0, "moved from CPU %d to %d", from, to);
+  CHECK(CPU_ISSET(to, &before), "moved to CPU %d, which was allowed", to);
   cpu_set_t after;
   allowed_cpus(&after);
   CHECK(CPU_EQUAL(&before, &after), "affinity restored exactly (%d CPUs before, %d after)", CPU_COUNT(&before),
         CPU_COUNT(&after));
   for (int i = 0; i < 16; i++) tcc__cpu_share_after_wait(&s, true);
-  CHECK(s.moves == 1, "a second move within the interval: %d moves", s.moves);
+  CHECK(tcc__cpu_moves(NULL, NULL) == 1, "a second move within the interval: %d moves", tcc__cpu_moves(NULL, NULL));
   struct timespec nap = {0, 6 * 1000 * 1000};
   nanosleep(&nap, NULL);
   for (int i = 0; i < 16; i++) tcc__cpu_share_after_wait(&s, true);
-  CHECK(s.moves == 2, "after the interval: %d moves", s.moves);
+  CHECK(tcc__cpu_moves(NULL, NULL) == 2, "after the interval: %d moves", tcc__cpu_moves(NULL, NULL));
 }
 
 /* The idle wait's spin-on phase: a party "elsewhere" never yields, and a

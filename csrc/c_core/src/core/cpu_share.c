@@ -18,6 +18,20 @@
 
 int tcc__cpu_now(void) { return sched_getcpu(); }
 
+/* Per thread: the moves concern the thread that waits. */
+static _Thread_local struct {
+  int shared_waits;        /* waits that found the awaited rank on this CPU */
+  int64_t first_shared_ns; /* when the first of them was */
+  int64_t last_move_ns;
+  int moves, moved_from, moved_to;
+} mover;
+
+int tcc__cpu_moves(int *from, int *to) {
+  if (from) *from = mover.moved_from;
+  if (to) *to = mover.moved_to;
+  return mover.moves;
+}
+
 void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t why_len) {
   memset(s, 0, sizeof *s);
   cpu_set_t allowed;
@@ -41,7 +55,7 @@ void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t
 /* Leaves the CPU this thread runs on for another one it may use: the
  * affinity without this CPU forces the migration, the original affinity,
  * restored at once, leaves the scheduler free again. */
-static void move_off_this_cpu(tcc__cpu_share_t *s) {
+static void move_off_this_cpu(void) {
   cpu_set_t allowed, elsewhere;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
   const int here = sched_getcpu();
@@ -52,21 +66,21 @@ static void move_off_this_cpu(tcc__cpu_share_t *s) {
   if (sched_setaffinity(0, sizeof elsewhere, &elsewhere) != 0) return;
   const int there = sched_getcpu();
   sched_setaffinity(0, sizeof allowed, &allowed);
-  s->moves++;
-  s->moved_from = here;
-  s->moved_to = there;
+  mover.moves++;
+  mover.moved_from = here;
+  mover.moved_to = there;
   TCC_LOG_TRACE(-1, "moved off CPU %d, shared with the rank waited for, to CPU %d", here, there);
 }
 
-void tcc__cpu_share_after_wait(tcc__cpu_share_t *s, bool shared) {
+void tcc__cpu_share_after_wait(const tcc__cpu_share_t *s, bool shared) {
   if (!s->may_move || !shared) return;
   const int64_t now = tcc__now_ns();
-  if (s->shared_waits == 0 || now - s->first_shared_ns > SHARED_WINDOW_NS) {
-    s->shared_waits = 0;
-    s->first_shared_ns = now;
+  if (mover.shared_waits == 0 || now - mover.first_shared_ns > SHARED_WINDOW_NS) {
+    mover.shared_waits = 0;
+    mover.first_shared_ns = now;
   }
-  if (++s->shared_waits < SHARED_WAITS_TO_MOVE || now - s->last_move_ns < MOVE_INTERVAL_NS) return;
-  s->shared_waits = 0;
-  s->last_move_ns = now;
-  move_off_this_cpu(s);
+  if (++mover.shared_waits < SHARED_WAITS_TO_MOVE || now - mover.last_move_ns < MOVE_INTERVAL_NS) return;
+  mover.shared_waits = 0;
+  mover.last_move_ns = now;
+  move_off_this_cpu();
 }

@@ -39,23 +39,24 @@
 /* The CPU this thread runs on now (-1: unknown). Cheap (rseq). */
 int tcc__cpu_now(void);
 
-/* One rank's view of how its group shares CPUs, per group and host. */
+/* How a group's waits treat shared CPUs; set when its transport is set
+ * up, read-only after. Zero (as for TCP): waiters yield, nobody moves. */
 typedef struct tcc__cpu_share {
-  bool spin_while_away;    /* no more ranks on this host than CPUs allowed */
-  bool may_move;           /* that, and moving is not turned off */
-  int shared_waits;        /* waits that found the awaited rank on this CPU */
-  int64_t first_shared_ns; /* when the first of them was */
-  int64_t last_move_ns;
-  int moves;                   /* moves made, and the last one's CPUs: */
-  int moved_from, moved_to;    /* for tests and the log */
+  bool spin_while_away; /* no more ranks on this host than CPUs allowed */
+  bool may_move;        /* that, and moving is not turned off */
 } tcc__cpu_share_t;
 
 /* Decides both for a group with `local_ranks` ranks on this host; `why`
  * gets a line for the log. */
 void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t why_len);
 
-/* After a wait: `shared` when a rank it waited for was on this CPU.
- * Moves this thread to another allowed CPU when that keeps happening. */
-void tcc__cpu_share_after_wait(tcc__cpu_share_t *s, bool shared);
+/* After a wait of this thread for a rank of a group with these settings:
+ * `shared` when the rank was on this thread's CPU. Moves the thread to
+ * another allowed CPU when that keeps happening (counted per thread,
+ * whichever groups it waits in). */
+void tcc__cpu_share_after_wait(const tcc__cpu_share_t *s, bool shared);
+
+/* Moves this thread made, and the CPUs of the last one (for tests). */
+int tcc__cpu_moves(int *from, int *to);
 
 #endif /* TCC_CORE_CPU_SHARE_H */

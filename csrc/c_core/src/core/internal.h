@@ -7,6 +7,7 @@
 
 #include "coll/coll.h"
 #include "core/base.h"
+#include "core/cpu_share.h"
 
 /* ---- endpoint blob ---------------------------------------------------- */
 
@@ -124,6 +125,7 @@ struct tcc_comm {
   char fail_msg[TCC_ERRLEN];
   /* spin budget for waits: large when every rank has its own core */
   int spin_iters;
+  tcc__cpu_share_t cpu_share; /* set by the transport; zero: not known */
   atomic_int group_depth; /* tcc_comm_group_start nesting */
   pthread_mutex_t group_lock;
   /* A view (core/view.c) is a subset of a communicator's ranks that the

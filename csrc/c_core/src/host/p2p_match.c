@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cpu_share.h"
 #include "core/mutation.h"
 #include "host/host.h"
 
@@ -402,11 +403,38 @@ static ssize_t p2p_round(tcc_comm_t *comm, bool *want_write) { return p2p_round_
 
 /* How a runner of rounds waits when a round moved nothing: a while of
  * rounds spinning (`spins`) then yielding (`yields`), then a sleep until a
- * stream is ready, new work is notified, or `max_ns` (at most 50 ms). */
-static void p2p_idle(tcc_comm_t *comm, const bool *want_write, int *idle_rounds, int spins, int yields,
+ * stream is ready, new work is notified, or `max_ns` (at most 50 ms).
+ * A waiter for one peer (`peer` not TCC_ANY_SOURCE) that runs on another
+ * CPU spins on instead of yielding, up to TCC_CPU_AWAY_SPIN_NS from the
+ * first yield it would have made (core/cpu_share.h). */
+typedef struct p2p_idle {
+  int rounds;            /* idle rounds since bytes last moved */
+  int64_t away_until_ns; /* end of spinning on; 0: not begun */
+  bool shared_cpu;       /* the peer was seen on this CPU */
+} p2p_idle_t;
+
+static bool spin_on(tcc_comm_t *comm, p2p_idle_t *idle, int peer) {
+  if (peer == TCC_ANY_SOURCE || !comm->cpu_share.spin_while_away || !comm->ops->peer_cpu) return false;
+  const int cpu = comm->ops->peer_cpu(comm, peer);
+  if (cpu < 0) return false;
+  if (cpu == tcc__cpu_now()) {
+    idle->shared_cpu = true;
+    return false;
+  }
+  const int64_t now = tcc__now_ns();
+  if (idle->away_until_ns == 0) idle->away_until_ns = now + TCC_CPU_AWAY_SPIN_NS;
+  return now < idle->away_until_ns;
+}
+
+static void p2p_idle(tcc_comm_t *comm, const bool *want_write, p2p_idle_t *idle, int peer, int spins, int yields,
                      int64_t max_ns) {
-  const int k = (*idle_rounds)++;
+  const int k = idle->rounds++;
   if (k < spins) {
+    tcc_cpu_relax();
+    return;
+  }
+  if (spin_on(comm, idle, peer)) {
+    idle->rounds = spins; /* the yields are still ahead */
     tcc_cpu_relax();
     return;
   }
@@ -414,7 +442,8 @@ static void p2p_idle(tcc_comm_t *comm, const bool *want_write, int *idle_rounds,
     sched_yield();
     return;
   }
-  *idle_rounds = 0;
+  idle->rounds = 0;
+  idle->away_until_ns = 0;
   const int64_t cap = 50 * 1000000LL;
   comm->ops->p2p_wait(comm, want_write, max_ns < cap ? max_ns : cap);
 }
@@ -453,7 +482,7 @@ void *tcc__host_p2p_thread(void *arg) {
   tcc_comm_t *comm = arg;
   tcc_engine_t *e = comm->engine;
   bool *want_write = calloc((size_t)comm->size, sizeof *want_write);
-  int idle_spins = 0;
+  p2p_idle_t idle = {0, 0, false};
   for (;;) {
     pthread_mutex_lock(&e->lock);
     if (e->stopping && !e->p2p_new_head && e->p2p_pending == 0) {
@@ -464,7 +493,7 @@ void *tcc__host_p2p_thread(void *arg) {
     if (p2p_left_to_callers(e, now)) {
       p2p_thread_sleep(e, now);
       pthread_mutex_unlock(&e->lock);
-      idle_spins = 0;
+      idle = (p2p_idle_t){0, 0, false};
       continue;
     }
     pthread_mutex_unlock(&e->lock);
@@ -472,11 +501,11 @@ void *tcc__host_p2p_thread(void *arg) {
     const ssize_t moved = p2p_round(comm, want_write);
     pthread_mutex_unlock(&e->p2p_progress);
     if (moved > 0) {
-      idle_spins = 0;
+      idle = (p2p_idle_t){0, 0, false};
       continue;
     }
     if (e->p2p_pending == 0) continue;
-    p2p_idle(comm, want_write, &idle_spins, comm->spin_iters / 16, 0, INT64_MAX);
+    p2p_idle(comm, want_write, &idle, TCC_ANY_SOURCE, comm->spin_iters / 16, 0, INT64_MAX);
   }
   free(want_write);
   return NULL;
@@ -538,10 +567,12 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
   const int go = !e->stopping;
   if (go) e->p2p_waiter_runs = 1;
   pthread_mutex_unlock(&e->lock);
-  int idle_spins = 0;
+  p2p_idle_t idle = {0, 0, false};
+  bool shared_cpu = false;
   while (go && !atomic_load(&op->finished)) {
     if (p2p_round(comm, e->waiter_want_write) > 0) {
-      idle_spins = 0;
+      shared_cpu |= idle.shared_cpu;
+      idle = (p2p_idle_t){0, 0, false};
       continue;
     }
     if (atomic_load(&op->finished)) break;
@@ -549,8 +580,9 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
     if (left <= 0) break;
     /* Waiting for its own message, as a collective waits for its peers
      * (core/idle_wait.c): spin, yield, then sleep. */
-    p2p_idle(comm, e->waiter_want_write, &idle_spins, comm->spin_iters, 64, left);
+    p2p_idle(comm, e->waiter_want_write, &idle, op->peer, comm->spin_iters, 64, left);
   }
+  tcc__cpu_share_after_wait(&comm->cpu_share, shared_cpu || idle.shared_cpu);
   /* Ops left pending are the p2p thread's after P2P_POLL_NS from now. */
   note_attended(e);
   pthread_mutex_unlock(&e->p2p_progress);

@@ -92,6 +92,10 @@ typedef struct tcc_transport_ops {
   void (*p2p_wait)(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
   /* Wakes p2p_wait (new local work or abort). Any thread. */
   void (*p2p_notify)(tcc_comm_t *comm);
+  /* Optional: the CPU `peer` last ran on, as it published it (-1: not
+   * known), for waits that spin on while it runs elsewhere
+   * (core/cpu_share.h; used when comm->cpu_share says so). */
+  int (*peer_cpu)(tcc_comm_t *comm, int peer);
   /* Releases transport state (threads are already stopped). */
   void (*destroy)(tcc_comm_t *comm);
   /* Optional: the communicator just failed (comm->aborted is set); let

@@ -27,7 +27,6 @@
 #ifndef TCC_SHM_H
 #define TCC_SHM_H
 
-#include "core/cpu_share.h"
 #include "transport/transport.h"
 #include "transport/shm/shm_segment.h"
 
@@ -85,7 +84,6 @@ typedef struct shm_state {
    * when the process dies, however it dies. */
   int lock_fd;
   atomic_llong *peer_checked_ns; /* [size] last liveness check of each peer */
-  tcc__cpu_share_t cpu_share; /* how barrier waits share CPUs (cpu_share.h) */
 } shm_state_t;
 
 /* Bytes between consecutive rings: the ring and its capacity, page aligned. */
@@ -129,6 +127,7 @@ extern const tcc__spans_ops_t tcc__shm_spans;
 /* shm_p2p.c: the point-to-point rings. */
 ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err);
 ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
+int tcc__shm_peer_cpu(tcc_comm_t *comm, int peer);
 void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
 void tcc__shm_p2p_notify(tcc_comm_t *comm);
 /* For a p2p thread that sleeps elsewhere than on this rank's doorbell (a

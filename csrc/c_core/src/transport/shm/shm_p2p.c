@@ -16,6 +16,16 @@ static void ring_doorbell(shm_state_t *st, int rank) {
   }
 }
 
+/* Where this rank runs, for a peer that waits for its bytes next. */
+static void publish_cpu(tcc_comm_t *comm, shm_state_t *st) {
+  if (comm->cpu_share.spin_while_away)
+    atomic_store_explicit(&shm_ctrl(st, comm->rank)->cpu, tcc__cpu_now(), memory_order_relaxed);
+}
+
+int tcc__shm_peer_cpu(tcc_comm_t *comm, int peer) {
+  return atomic_load_explicit(&shm_ctrl(shm_of(comm), peer)->cpu, memory_order_relaxed);
+}
+
 ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err) {
   shm_state_t *st = shm_of(comm);
   /* Bytes for a peer that is gone would never be read. */
@@ -33,6 +43,7 @@ ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t l
   memcpy(ring->data, (const char *)buf + first, n - first);
   atomic_store_explicit(&ring->head, head + n, memory_order_seq_cst);
   ring_doorbell(st, peer);
+  publish_cpu(comm, st);
   return (ssize_t)n;
 }
 
@@ -62,6 +73,7 @@ ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc
   memcpy((char *)buf + first, ring->data, n - first);
   atomic_store_explicit(&ring->tail, tail + n, memory_order_seq_cst);
   ring_doorbell(st, peer); /* the writer may be waiting for space */
+  publish_cpu(comm, st);
   return (ssize_t)n;
 }
 

@@ -200,7 +200,7 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   tcc__shm_cma_publish(comm, st);
   atomic_store(&shm_ctrl(st, comm->rank)->cpu, -1);
   char cpu_why[160];
-  tcc__cpu_share_init(&st->cpu_share, comm->size, cpu_why, sizeof cpu_why);
+  tcc__cpu_share_init(&comm->cpu_share, comm->size, cpu_why, sizeof cpu_why);
   TCC_LOG_INFO(comm->rank, "communicator '%s' shared memory: %s", comm->name, cpu_why);
   int n = comm->size, got = 0;
   r = tcc__segment_attach(st->base, st->lock_fd, &id, comm->rank, n, deadline, who, &got, err);
@@ -239,6 +239,7 @@ static const tcc_transport_ops_t shm_ops = {
     .p2p_read = tcc__shm_p2p_read,
     .p2p_wait = tcc__shm_p2p_wait,
     .p2p_notify = tcc__shm_p2p_notify,
+    .peer_cpu = tcc__shm_peer_cpu,
     .destroy = shm_destroy,
     .failed = tcc__shm_failed,
 };

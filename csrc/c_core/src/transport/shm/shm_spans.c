@@ -105,12 +105,12 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
   arrival_t a = {comm, st, n, 0, stage, what, seq, err, false};
   const tcc__idle_wait_t w = {.ready = all_arrived, .check = arrival_trouble, .arg = &a,
                               .spins = comm->spin_iters,
-                              .peer_here = st->cpu_share.spin_while_away ? missing_rank_here : NULL,
+                              .peer_here = comm->cpu_share.spin_while_away ? missing_rank_here : NULL,
                               .away_spin_ns = TCC_CPU_AWAY_SPIN_NS, .yields = 64, .max_nap_ns = 20 * 1000000LL,
                               .deadline_ns = deadline_ns, .word = &h->barrier_futex,
                               .sleepers = &h->barrier_sleepers};
   tcc_result_t r = tcc__idle_wait(&w);
-  tcc__cpu_share_after_wait(&st->cpu_share, a.shared_cpu);
+  tcc__cpu_share_after_wait(&comm->cpu_share, a.shared_cpu);
   /* Where this rank goes on from: what a peer waiting for it next sees. */
   atomic_store_explicit(&mine->cpu, tcc__cpu_now(), memory_order_relaxed);
   /* On a timeout the stage counter stays as is: the communicator is failed anyway. */
