@@ -18,22 +18,13 @@
  */
 #include <stdlib.h>
 
+#include "bench_median.h"
 #include "check.h"
 #include "group.h"
 
 #define WARMUP 2000
 #define BATCHES 5
 #define CALLS 20000
-
-static double median(double *v, int n) {
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-      double t = v[j];
-      v[j] = v[j - 1];
-      v[j - 1] = t;
-    }
-  return v[n / 2];
-}
 
 static int allreduce_once(tcc_comm_t *comm, float *x) {
   const tcc_buf_t b = {x, 2, TCC_FLOAT32, -1, NULL};

@@ -16,7 +16,11 @@
  *            rank 1 drops CAP_SYS_PTRACE): rank 0 can read rank 1 but not
  *            the other way round, so the group falls back, and restages
  *            the first window where rank 0 had skipped it.
+ * Then the default threshold, without TCCOMM_SHM_DIRECT_BYTES: 16 KiB when
+ * rank 0 may use a CPU per rank, 64 KiB when it is bound to fewer CPUs than
+ * the group has ranks (rank 0's choice holds for every rank).
  */
+#include <sched.h>
 #include <linux/capability.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,7 +40,7 @@
 #define DIRECT_BYTES 16384u /* TCCOMM_SHM_DIRECT_BYTES */
 #define MAX_N 4
 
-typedef enum { GROUP_DIRECT, GROUP_ONE_OFF, GROUP_REFUSED } group_kind_t;
+typedef enum { GROUP_DIRECT, GROUP_ONE_OFF, GROUP_REFUSED, GROUP_OWN_CPUS, GROUP_SHARED_CPUS } group_kind_t;
 static group_kind_t kind;
 static size_t *verdicts; /* [MAX_N], shared by the forked ranks: each one's direct_bytes */
 
@@ -192,6 +196,7 @@ static void exchange_verdicts(tcc_comm_t *comm) {
       case GROUP_REFUSED:
         CHECK(v == (j == 0 ? DIRECT_BYTES : SIZE_MAX), "refused group: rank %d's verdict is %zu", j, v);
         break;
+      default: break;
     }
   }
 }
@@ -210,6 +215,28 @@ static void all_ops(tcc_comm_t *comm) {
     test_alltoall(comm, count, true, false);
     test_alltoall(comm, count, false, true);
   }
+}
+
+/* The group's threshold when nobody sets it: rank 0's, from its CPUs. */
+static void default_threshold(tcc_comm_t *comm) {
+  const uint64_t want = kind == GROUP_OWN_CPUS ? 16384 : 65536, got = shm_of(comm)->hdr->direct_bytes;
+  CHECK(got == want, "%s: rank %d sees a threshold of %llu bytes, expected %llu",
+        kind == GROUP_OWN_CPUS ? "a CPU per rank" : "rank 0 on one CPU", tcc_comm_rank(comm),
+        (unsigned long long)got, (unsigned long long)want);
+}
+
+/* Binds this process to the CPU it runs on. */
+static void bind_to_one_cpu(void) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+  if (sched_setaffinity(0, sizeof one, &one) != 0) perror("sched_setaffinity");
+}
+
+/* CPUs this process may use. */
+static int allowed_cpus(void) {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
 }
 
 /* Drops CAP_SYS_PTRACE from this process: reading a non-dumpable peer is
@@ -232,6 +259,10 @@ static void rank_setup(int rank) {
     case GROUP_REFUSED:
       if (rank == 0) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
       if (rank == 1) drop_ptrace_capability();
+      break;
+    case GROUP_OWN_CPUS: break;
+    case GROUP_SHARED_CPUS:
+      if (rank == 0) bind_to_one_cpu();
       break;
   }
 }
@@ -284,6 +315,19 @@ int main(void) {
     }
     int bad = run_group(groups[g].n, "shm", 60000, "direct-group", all_ops);
     printf("%s %s n=%d\n", bad ? "FAIL" : "ok  ", groups[g].name, groups[g].n);
+    bad ? failed++ : passed++;
+  }
+  unsetenv("TCCOMM_SHM_DIRECT_BYTES");
+  const group_kind_t defaults[] = {GROUP_OWN_CPUS, GROUP_SHARED_CPUS};
+  for (size_t g = 0; g < 2; g++) {
+    kind = defaults[g];
+    const char *name = kind == GROUP_OWN_CPUS ? "default threshold, a CPU per rank" : "default threshold, shared CPUs";
+    if (kind == GROUP_OWN_CPUS && allowed_cpus() < 2) {
+      printf("skip %s: this process may use only one CPU\n", name);
+      continue;
+    }
+    int bad = run_group(2, "shm", 60000, "direct-default", default_threshold);
+    printf("%s %s n=2\n", bad ? "FAIL" : "ok  ", name);
     bad ? failed++ : passed++;
   }
   printf("test_direct: %d groups passed, %d failed\n", passed, failed);

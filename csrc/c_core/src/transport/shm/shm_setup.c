@@ -24,8 +24,14 @@
 #define MAX_WINDOW (64u << 20)
 #define DEFAULT_SMALL (32u * 1024u)
 /* Below this, staging one window costs less than the second barrier and
- * the system calls of single-copy reads (bench/bench_collectives.py). */
-#define DEFAULT_DIRECT (64u * 1024u)
+ * the system calls of single-copy reads (csrc/c_core/tests/bench_sizes.c:
+ * at 2 ranks on 2 CPUs an all_gather of 64 KiB takes 3.6 us single-copy
+ * from 16 KiB streams, 7.0 us staged). When the group has more ranks than
+ * CPUs, that barrier and the system calls often wait for a time slice:
+ * there single-copy pays only from larger streams (4 ranks on 2 CPUs:
+ * 64 KiB all_gather 11.9 us staged, 15.5 us single-copy). */
+#define DEFAULT_DIRECT_OWN_CPUS (16u * 1024u)
+#define DEFAULT_DIRECT_SHARED_CPUS (64u * 1024u)
 
 _Static_assert(sizeof(shm_header_t) <= HEADER_BYTES, "the header must fit the segment's first page");
 
@@ -45,15 +51,17 @@ static size_t env_bytes(const char *name, size_t dflt, size_t lo, size_t hi) {
 /* Each stage gives every rank at least a cache line of the window. */
 static size_t min_window(int n) { return align_up((size_t)n * TCC_CACHELINE, 4096); }
 
-/* Rank 0's choice of the tunables: its environment alone decides, and the
- * header carries the result to every other rank. */
-static void choose_sizes(int n, uint64_t *window, uint64_t *small, uint64_t *direct) {
+/* Rank 0's choice of the tunables: its environment and its CPUs alone
+ * decide (own_cpus: no more ranks on the host than CPUs it may use), and
+ * the header carries the result to every other rank. */
+static void choose_sizes(int n, bool own_cpus, uint64_t *window, uint64_t *small, uint64_t *direct) {
   size_t w = align_up(env_bytes("TCCOMM_SHM_WINDOW_BYTES", DEFAULT_WINDOW, 4096, MAX_WINDOW), 4096);
   if (w < min_window(n)) w = min_window(n);
   size_t s = env_bytes("TCCOMM_SHM_SMALL_BYTES", DEFAULT_SMALL, 0, w);
   *window = w;
   *small = s < w ? s : w;
-  *direct = env_bytes("TCCOMM_SHM_DIRECT_BYTES", DEFAULT_DIRECT, 0, SIZE_MAX);
+  *direct = env_bytes("TCCOMM_SHM_DIRECT_BYTES", own_cpus ? DEFAULT_DIRECT_OWN_CPUS : DEFAULT_DIRECT_SHARED_CPUS, 0,
+                      SIZE_MAX);
 }
 
 /* Everything else follows from the group size and the window: rank 0 lays
@@ -82,7 +90,7 @@ static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id,
   shm_header_t h;
   memset(&h, 0, sizeof h);
   uint64_t window, small, direct;
-  choose_sizes(comm->size, &window, &small, &direct);
+  choose_sizes(comm->size, comm->cpu_share.spin_while_away, &window, &small, &direct);
   layout(&h, comm->size, window);
   void *base;
   tcc_result_t r = tcc__segment_create(id, h.seg.total_bytes, comm->size, who, &base, fd, err);
@@ -180,6 +188,9 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   tcc__segment_id("", blobs[0].token, &id);
   snprintf(who, sizeof who, "tccomm '%s' (rank %d)", comm->name, tcc__self_label(comm));
   const int64_t deadline = tcc__deadline_after_ms(atomic_load(&comm->timeout_ms));
+  /* Before the segment: rank 0's sizes depend on it. */
+  char cpu_why[160];
+  tcc__cpu_share_init(&comm->cpu_share, comm->size, cpu_why, sizeof cpu_why);
   int fd = -1;
   tcc_result_t r = comm->rank == 0 ? create_segment(comm, &id, who, st, &fd, err)
                                    : open_segment(comm, &id, deadline, who, st, &fd, err);
@@ -199,8 +210,6 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   }
   tcc__shm_cma_publish(comm, st);
   atomic_store(&shm_ctrl(st, comm->rank)->cpu, -1);
-  char cpu_why[160];
-  tcc__cpu_share_init(&comm->cpu_share, comm->size, cpu_why, sizeof cpu_why);
   TCC_LOG_INFO(comm->rank, "communicator '%s' shared memory: %s", comm->name, cpu_why);
   int n = comm->size, got = 0;
   r = tcc__segment_attach(st->base, st->lock_fd, &id, comm->rank, n, deadline, who, &got, err);

@@ -1,0 +1,177 @@
+/*
+ * bench_sizes.c - time per collective of a program driving the core
+ * directly, by size: the floor under the torch layers that
+ * bench/bench_collectives.py measures, op by op.
+ *
+ * Usage: bench_sizes [ranks] [shm|tcp] [op] [min bytes] [max bytes] [in-place]
+ *   op: allreduce | allgather | alltoall | broadcast | reduce_scatter
+ *   (default: 2 shm allreduce 64K 8M; sizes double from min to max)
+ *   in-place: all_reduce into its input, as dist.all_reduce does (the
+ *   other ops always run as bench/bench_collectives.py runs them)
+ * The size is what bench_collectives.py calls the size: the whole tensor of
+ * all_reduce and broadcast, the output of all_gather and the input of
+ * reduce_scatter and all_to_all (each rank's share is size / ranks).
+ * Float32 buffers, made once per size; warm-up, then the median of 5 batches
+ * of about 0.3 s each, rank 0's clock after a barrier. Rank 0 prints
+ *   "<op> <bytes> B, <n> ranks, <transport>: <us> us"
+ * The first and last element of every rank's result are checked against the
+ * sum (or the value) the inputs give; in place, only after the first call
+ * (the sums then grow from call to call).
+ */
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "bench_median.h"
+#include "check.h"
+#include "group.h"
+
+#define BATCHES 5
+#define BATCH_NS 300000000LL
+
+/* A failed call leaves the ranks out of step: the rank stops there. */
+#define REQUIRE(cond, ...)                                                     \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "bench_sizes: " __VA_ARGS__);                            \
+      fputc('\n', stderr);                                                     \
+      _exit(1);                                                                \
+    }                                                                          \
+  } while (0)
+
+static const char *op_name = "allreduce";
+static bool in_place;
+static size_t min_bytes = 64 << 10, max_bytes = 8 << 20;
+
+/* One size's buffers: each rank's input and output, and the per-peer views. */
+typedef struct {
+  float *in, *out;
+  size_t total, per; /* floats: whole tensor, one rank's share */
+  tcc_buf_t ins[8], outs[8];
+} bufs_t;
+
+static float value_of(int rank, size_t i) { return (float)(rank + 1) + (float)(i % 7); }
+
+static void fill(bufs_t *b, int me, int n) {
+  const size_t count = strcmp(op_name, "allgather") == 0 ? b->per : b->total;
+  for (size_t i = 0; i < count; i++) b->in[i] = value_of(me, i);
+  for (int r = 0; r < n; r++) {
+    b->ins[r] = (tcc_buf_t){b->in + (size_t)r * b->per, b->per, TCC_FLOAT32, -1, NULL};
+    b->outs[r] = (tcc_buf_t){b->out + (size_t)r * b->per, b->per, TCC_FLOAT32, -1, NULL};
+  }
+}
+
+static int run_once(tcc_comm_t *comm, bufs_t *b) {
+  const tcc_buf_t whole_in = {b->in, b->total, TCC_FLOAT32, -1, NULL};
+  const tcc_buf_t whole_out = {b->out, b->total, TCC_FLOAT32, -1, NULL};
+  tcc_op_t *op = NULL;
+  tcc_result_t r;
+  if (strcmp(op_name, "allreduce") == 0)
+    r = tcc_allreduce(comm, whole_in, in_place ? whole_in : whole_out, TCC_SUM, NULL, &op);
+  else if (strcmp(op_name, "allgather") == 0)
+    r = tcc_allgather(comm, b->ins[0], b->outs, NULL, &op);
+  else if (strcmp(op_name, "alltoall") == 0)
+    r = tcc_alltoall(comm, b->ins, b->outs, NULL, &op);
+  else if (strcmp(op_name, "broadcast") == 0)
+    r = tcc_broadcast(comm, whole_in, 0, NULL, &op);
+  else
+    r = tcc_reduce_scatter(comm, b->ins, b->outs[0], TCC_SUM, NULL, &op);
+  if (r != TCC_OK) return 0;
+  r = tcc_op_wait(op, -1);
+  tcc_op_release(op);
+  return r == TCC_OK;
+}
+
+/* Element i of this rank's result, as the inputs define it. */
+static float expected(int me, int n, size_t i, size_t per) {
+  float sum = 0;
+  if (strcmp(op_name, "allreduce") == 0) {
+    for (int r = 0; r < n; r++) sum += value_of(r, i);
+    return sum;
+  }
+  if (strcmp(op_name, "allgather") == 0) return value_of((int)(i / per), i % per);
+  if (strcmp(op_name, "alltoall") == 0) return value_of((int)(i / per), (size_t)me * per + i % per);
+  if (strcmp(op_name, "broadcast") == 0) return value_of(0, i);
+  for (int r = 0; r < n; r++) sum += value_of(r, (size_t)me * per + i);
+  return sum;
+}
+
+static int check_result(const bufs_t *b, int me, int n) {
+  const int rs = strcmp(op_name, "reduce_scatter") == 0, bc = strcmp(op_name, "broadcast") == 0;
+  const float *got = bc || in_place ? b->in : b->out;
+  const size_t count = rs ? b->per : b->total;
+  return got[0] == expected(me, n, 0, b->per) && got[count - 1] == expected(me, n, count - 1, b->per);
+}
+
+static void bench_size(tcc_comm_t *comm, size_t bytes) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  bufs_t b = {0};
+  b.total = bytes / sizeof(float) / (size_t)n * (size_t)n;
+  b.per = b.total / (size_t)n;
+  b.in = calloc(b.total, sizeof(float));
+  b.out = calloc(b.total, sizeof(float));
+  REQUIRE(b.in && b.out, "out of memory for %zu bytes", bytes);
+  fill(&b, me, n);
+  REQUIRE(run_once(comm, &b), "%s failed", op_name);
+  REQUIRE(check_result(&b, me, n), "%s of %zu bytes: wrong result on rank %d", op_name, bytes, me);
+  /* Warm-up; rank 0's time for it sets every rank's batch length. */
+  int64_t start = tcc__now_ns();
+  for (int i = 0; i < 5; i++) REQUIRE(run_once(comm, &b), "%s warm-up call %d failed", op_name, i);
+  double iters_wanted[1] = {(double)BATCH_NS * 5 / (double)(tcc__now_ns() - start + 1)};
+  const tcc_buf_t ib = {iters_wanted, 1, TCC_FLOAT64, -1, NULL};
+  tcc_op_t *op;
+  REQUIRE(tcc_broadcast(comm, ib, 0, NULL, &op) == TCC_OK && tcc_op_wait(op, -1) == TCC_OK, "broadcast failed");
+  tcc_op_release(op);
+  const long iters = (long)iters_wanted[0] + 1;
+  double per_call[BATCHES];
+  for (int k = 0; k < BATCHES; k++) {
+    fill(&b, me, n); /* broadcast overwrites non-root inputs; keep checks exact */
+    float token[2] = {0, 0};
+    tcc_buf_t tb = {token, 2, TCC_FLOAT32, -1, NULL};
+    REQUIRE(tcc_allreduce(comm, tb, tb, TCC_SUM, NULL, &op) == TCC_OK && tcc_op_wait(op, -1) == TCC_OK,
+            "barrier failed");
+    tcc_op_release(op);
+    start = tcc__now_ns();
+    for (long i = 0; i < iters; i++) REQUIRE(run_once(comm, &b), "%s call %ld failed", op_name, i);
+    per_call[k] = (double)(tcc__now_ns() - start) / (double)iters / 1000.0;
+    REQUIRE(in_place || check_result(&b, me, n), "%s of %zu bytes: wrong result on rank %d", op_name, bytes, me);
+  }
+  if (me == 0)
+    printf("%s%s %zu B, %d ranks, %s: %.1f us\n", op_name, in_place ? " in place" : "", bytes, n,
+           tcc_comm_transport_name(comm),
+           median(per_call, BATCHES));
+  fflush(stdout);
+  free(b.in);
+  free(b.out);
+}
+
+static void bench(tcc_comm_t *comm) {
+  for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) bench_size(comm, bytes);
+}
+
+static size_t parse_size(const char *s) {
+  char *end;
+  size_t v = strtoull(s, &end, 10);
+  if (*end == 'K' || *end == 'k') v <<= 10;
+  if (*end == 'M' || *end == 'm') v <<= 20;
+  return v;
+}
+
+int main(int argc, char **argv) {
+  static const char *ops[] = {"allreduce", "allgather", "alltoall", "broadcast", "reduce_scatter"};
+  const int n = argc > 1 ? atoi(argv[1]) : 2;
+  const char *transport = argc > 2 ? argv[2] : "shm";
+  if (argc > 3) op_name = argv[3];
+  if (argc > 4) min_bytes = parse_size(argv[4]);
+  if (argc > 5) max_bytes = parse_size(argv[5]);
+  in_place = argc > 6 && strcmp(argv[6], "in-place") == 0;
+  int known = 0;
+  for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) known |= strcmp(op_name, ops[i]) == 0;
+  if (n < 1 || n > 8 || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0) || !known ||
+      min_bytes < (size_t)n * sizeof(float) || max_bytes < min_bytes || (argc > 6 && !in_place) ||
+      (in_place && strcmp(op_name, "allreduce") != 0)) {
+    fprintf(stderr, "usage: bench_sizes [ranks 1..8] [shm|tcp] "
+                    "[allreduce|allgather|alltoall|broadcast|reduce_scatter] [min bytes] [max bytes] [in-place]\n");
+    return 2;
+  }
+  return run_group(n, transport, 600000, "bench-sizes", bench);
+}
