@@ -489,6 +489,22 @@ void tcc__reduce_average(void *buf, size_t count, tcc_dtype_t dtype, int n) {
   }
 }
 
+void tcc__half_widen(float *dst, const void *half_src, size_t count, tcc_dtype_t half) {
+  const uint16_t *src = half_src;
+  if (half == TCC_FLOAT16)
+    for (size_t i = 0; i < count; i++) dst[i] = f16_to_f32(src[i]);
+  else if (half == TCC_BFLOAT16)
+    for (size_t i = 0; i < count; i++) dst[i] = bf16_to_f32(src[i]);
+}
+
+void tcc__half_narrow(void *half_dst, const float *src, size_t count, tcc_dtype_t half) {
+  uint16_t *dst = half_dst;
+  if (half == TCC_FLOAT16)
+    for (size_t i = 0; i < count; i++) dst[i] = f32_to_f16(src[i]);
+  else if (half == TCC_BFLOAT16)
+    for (size_t i = 0; i < count; i++) dst[i] = f32_to_bf16(src[i]);
+}
+
 /* Chosen on first use; a race only makes two threads compute the same answer. */
 static _Atomic(const reduce_kernel_fn *) active_kernels;
 

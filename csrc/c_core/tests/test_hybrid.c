@@ -8,7 +8,8 @@
  * data for every op and dtype (any order gives the same value), and
  * fractional float data for the documented order of a hierarchical sum
  * (over each host's ranks in rank order, then over the hosts in the order
- * of their lowest rank), bit for bit on every rank.
+ * of their lowest rank), bit for bit on every rank; float16/bfloat16
+ * allreduces as that sum in float32, rounded once.
  */
 #include <math.h>
 #include <dirent.h>
@@ -26,6 +27,7 @@
 #include "check.h"
 #include "group.h"
 #include "tccomm.h"
+#include "coll/coll.h"          /* the algorithm an op takes */
 #include "transport/shm/shm.h" /* the local view's rings, to see which way p2p went */
 
 /* Messages from this size on run hierarchically (coll/coll_hier.c), all_gather
@@ -200,12 +202,12 @@ static sum_order_t order_of(int n, bool by_host) {
   return o;
 }
 
-/* The sum over ranks of frac_value(q, i) in order o. */
-static float ordered_sum(const sum_order_t *o, size_t i) {
+/* The float32 sum over ranks of value(q, i) in order o. */
+static float ordered_sum_of(const sum_order_t *o, size_t i, float (*value)(int, size_t)) {
   float want = 0;
   for (int b = 0, k = 0; b < o->nblocks; b++) {
-    float block = frac_value(o->ranks[k], i);
-    for (k++; k < o->end[b]; k++) block += frac_value(o->ranks[k], i);
+    float block = value(o->ranks[k], i);
+    for (k++; k < o->end[b]; k++) block += value(o->ranks[k], i);
     want = b == 0 ? block : want + block;
   }
   return want;
@@ -214,7 +216,7 @@ static float ordered_sum(const sum_order_t *o, size_t i) {
 /* What a fractional SUM or AVG over order o gives for element i: AVG
  * divides the sum once, in float32, as the flat AVG does. */
 static float ordered_result(const sum_order_t *o, size_t i, tcc_redop_t op, int n) {
-  const float sum = ordered_sum(o, i);
+  const float sum = ordered_sum_of(o, i, frac_value);
   return op == TCC_AVG ? sum / (float)n : sum;
 }
 
@@ -638,9 +640,109 @@ static void test_mismatch(tcc_comm_t *comm) {
   free(buf);
 }
 
+/* ---- float16 / bfloat16 allreduce ---------------------------------------- */
+
+/* v rounded to nearest even at `bits` significant bits (11: float16, 8:
+ * bfloat16), in double arithmetic that shares nothing with the core's
+ * conversions. The values here stay clear of both formats' subnormals and
+ * overflow. */
+static float round_to_bits(float v, int bits) {
+  if (v == 0) return v;
+  const double scale = ldexp(1.0, bits - 1 - ilogb(v));
+  return (float)(nearbyint((double)v * scale) / scale);
+}
+
+/* The half format's bits of v, which it holds exactly (normal or zero). */
+static uint16_t half_bits(float v, tcc_dtype_t dt) {
+  if (dt == TCC_BFLOAT16) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return (uint16_t)(u >> 16);
+  }
+  const uint16_t sign = signbit(v) ? 0x8000u : 0;
+  const double a = fabs((double)v);
+  if (a == 0) return sign;
+  const int e = ilogb(a);
+  return (uint16_t)(sign | (uint16_t)((e + 15) << 10) | (uint16_t)((a / ldexp(1.0, e) - 1.0) * 1024.0));
+}
+
+static tcc_dtype_t half_dt; /* the format half_value rounds to */
+
+/* Rank r's element i: a fraction of either sign, exact in half_dt. */
+static float half_value(int r, size_t i) {
+  const float v = frac_value(r, i) * ((i + (size_t)r) % 3 == 0 ? -1.0f : 1.0f);
+  return round_to_bits(v, half_dt == TCC_FLOAT16 ? 11 : 8);
+}
+
+/* Whether a float16/bfloat16 allreduce runs hierarchically in float32 on
+ * this layout: when the busiest host's link carries less in float32 phases
+ * (8 N (H - 1) / H bytes) than in the flat exchange (4 N L (n - L) / n). */
+static bool widening_pays(int n) {
+  int per_host[8] = {0}, hosts = 0;
+  for (int r = 0; r < n; r++) hosts += per_host[group_fake_host(spec, r)]++ == 0;
+  for (int h = 0; h < hosts; h++)
+    if ((long)per_host[h] * (n - per_host[h]) * hosts > 2L * (hosts - 1) * n) return true;
+  return false;
+}
+
+/* float16 and bfloat16 allreduces, below and above the hierarchical size:
+ * SUM and AVG as the float32 sum in the order that applies, rounded once
+ * (a second rounding shows in most elements), MAX exactly; in place and
+ * out of place. Which algorithm the op takes is checked too, and on uneven
+ * hosts that only the leaders send data across. */
+static void test_half_allreduce(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const tcc_dtype_t dts[] = {TCC_FLOAT16, TCC_BFLOAT16};
+  const tcc_redop_t ops[] = {TCC_SUM, TCC_AVG, TCC_MAX};
+  const size_t counts_[] = {1001, HIER_BYTES / 2 + 5, 70001};
+  for (size_t d = 0; d < 2; d++)
+    for (size_t k = 0; k < 3; k++)
+      for (size_t ci = 0; ci < sizeof counts_ / sizeof *counts_; ci++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+          half_dt = dts[d];
+          const tcc_redop_t rop = ops[k];
+          const size_t count = counts_[ci];
+          uint16_t *in = malloc(count * 2 + 2), *out = malloc(count * 2 + 2), *dst = inplace ? in : out;
+          for (size_t i = 0; i < count; i++) in[i] = half_bits(half_value(me, i), half_dt);
+          const bool widened = is_hybrid(comm) && count * 2 >= HIER_BYTES && widening_pays(n);
+          const tcc_coll_t c = {.kind = TCC_COLL_ALLREDUCE, .dtype = half_dt, .redop = rop, .count = count};
+          const char *algorithm = tcc__coll_algorithm(comm, &c);
+          CHECK((strstr(algorithm, "in float32, rounded once") != NULL) == widened,
+                "%s: %s allreduce of %zu takes '%s'", spec, tcc_dtype_name(half_dt), count, algorithm);
+          const uint64_t tcp0 = tcp_bytes_sent();
+          tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(in, count, half_dt), host_buf(dst, count, half_dt), rop,
+                                             NULL, &op));
+          const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
+          CHECK(r == TCC_OK, "%s: %s allreduce %s of %zu: %s", spec, tcc_dtype_name(half_dt), tcc_redop_name(rop), count,
+                tcc_last_error());
+          if (widened && !hosts_uniform(n) && local_index_of(me) != 0)
+            CHECK(tcp_sent < count, "%s: %s allreduce of %zu: rank %d, not a leader, sent %llu B over TCP", spec,
+                  tcc_dtype_name(half_dt), count, me, (unsigned long long)tcp_sent);
+          const sum_order_t order = order_of(n, widened);
+          size_t bad = 0;
+          for (size_t i = 0; i < count && r == TCC_OK; i++) {
+            float want;
+            if (rop == TCC_MAX) {
+              want = half_value(0, i);
+              for (int q = 1; q < n; q++) want = half_value(q, i) > want ? half_value(q, i) : want;
+            } else {
+              const float sum = ordered_sum_of(&order, i, half_value);
+              want = round_to_bits(rop == TCC_AVG ? sum / (float)n : sum, half_dt == TCC_FLOAT16 ? 11 : 8);
+            }
+            if (dst[i] != half_bits(want, half_dt) && bad++ < 3)
+              CHECK(0, "%s: %s allreduce %s of %zu%s: element %zu is 0x%04x, expected 0x%04x (%.6g)", spec,
+                    tcc_dtype_name(half_dt), tcc_redop_name(rop), count, inplace ? " in place" : "", i, dst[i],
+                    half_bits(want, half_dt), want);
+          }
+          free(in);
+          free(out);
+        }
+}
+
 static void all_tests(tcc_comm_t *comm) {
   test_allreduce_ops(comm);
   test_sum_order(comm);
+  test_half_allreduce(comm);
   test_broadcast(comm);
   test_allgather_and_p2p(comm);
   test_reduce_scatter(comm);
@@ -782,7 +884,11 @@ int main(void) {
       {"auto-halves", 5},      /* 3 + 2 */
       {"auto-threes", 8},      /* 3 + 3 + 2: the sum over three hosts' partials */
   };
-  int passed = 0, failed = 0;
+  /* 3 + 3: float16/bfloat16 allreduces run in float32 phases on even hosts. */
+  spec = "auto-threes";
+  int bad_half = run_group(6, spec, 60000, "hybrid-half", test_half_allreduce);
+  printf("%s %s n=6, float16/bfloat16 allreduce\n", bad_half ? "FAIL" : "ok  ", spec);
+  int passed = !bad_half, failed = bad_half;
   for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
     spec = groups[g].spec;
     int bad = run_group(groups[g].n, spec, 60000, "hybrid-group", all_tests);

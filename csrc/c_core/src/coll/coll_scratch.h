@@ -40,6 +40,9 @@ typedef struct tcc__coll_scratch {
    * needed and kept (a fresh buffer per op would fault every page in) */
   void *partials;
   size_t partials_bytes;
+  /* float16/bfloat16 allreduces that run in float32 phases: the copy */
+  void *widened;
+  size_t widened_bytes;
   /* the thread that runs the hierarchical allreduce's cross-host phases
    * (coll_hier.c), started on first use */
   struct tcc__hier_pipe *pipe;

@@ -69,6 +69,7 @@ void tcc__coll_release(tcc_comm_t *comm) {
   free(s->poll_events);
   free(s->poll_revents);
   free(s->partials);
+  free(s->widened);
   tcc__hier_pipe_free(s->pipe);
   free(s);
   comm->coll_scratch = NULL;

@@ -90,5 +90,11 @@ void tcc__reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count,
  * sum, so the bits are those of an AVG over the same order. float16,
  * bfloat16 and bool are left alone (their AVG is never split). */
 void tcc__reduce_average(void *buf, size_t count, tcc_dtype_t dtype, int n);
+/* float16/bfloat16 <-> float32, as the reduction kernels convert: widening
+ * is exact, narrowing rounds to nearest even (NaNs stay NaNs). For a
+ * reduction of half values carried out in float32 phases, rounded once at
+ * the end. `half` is TCC_FLOAT16 or TCC_BFLOAT16; others do nothing. */
+void tcc__half_widen(float *dst, const void *half_src, size_t count, tcc_dtype_t half);
+void tcc__half_narrow(void *half_dst, const float *src, size_t count, tcc_dtype_t half);
 
 #endif /* TCC_CORE_BASE_H */
