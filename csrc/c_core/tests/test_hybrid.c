@@ -675,13 +675,15 @@ static float half_value(int r, size_t i) {
 }
 
 /* Whether a float16/bfloat16 allreduce runs hierarchically in float32 on
- * this layout: when the busiest host's link carries less in float32 phases
- * (8 N (H - 1) / H bytes) than in the flat exchange (4 N L (n - L) / n). */
+ * this layout: when the busiest host's link carries less that way (in
+ * units of the vector's bytes: 3 (H - 1) / H on even hosts, 4 (H - 1) / H
+ * through the leaders) than in the flat exchange (2 L (n - L) / n). */
 static bool widening_pays(int n) {
   int per_host[8] = {0}, hosts = 0;
   for (int r = 0; r < n; r++) hosts += per_host[group_fake_host(spec, r)]++ == 0;
+  const long hier = hosts_uniform(n) ? 3 : 4;
   for (int h = 0; h < hosts; h++)
-    if ((long)per_host[h] * (n - per_host[h]) * hosts > 2L * (hosts - 1) * n) return true;
+    if (2L * per_host[h] * (n - per_host[h]) * hosts > hier * (hosts - 1) * n) return true;
   return false;
 }
 
@@ -715,6 +717,17 @@ static void test_half_allreduce(tcc_comm_t *comm) {
           const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
           CHECK(r == TCC_OK, "%s: %s allreduce %s of %zu: %s", spec, tcc_dtype_name(half_dt), tcc_redop_name(rop), count,
                 tcc_last_error());
+          /* Even hosts: (H - 1) / H of this rank's shard goes out in float32,
+           * as much again in the half type (the flat exchange sends more, the
+           * shard's sums in float32 both ways would too). */
+          int hosts = 0;
+          for (int q = 0; q < n; q++) hosts = group_fake_host(spec, q) + 1 > hosts ? group_fake_host(spec, q) + 1 : hosts;
+          const double shard_bytes = 2.0 * (double)count / (double)(n / (hosts ? hosts : 1));
+          if (widened && hosts_uniform(n))
+            CHECK((double)tcp_sent <= 1.1 * 3.0 * shard_bytes * (hosts - 1) / hosts + 4096,
+                  "%s: %s allreduce of %zu: rank %d sent %llu B over TCP, expected about %.0f", spec,
+                  tcc_dtype_name(half_dt), count, me, (unsigned long long)tcp_sent,
+                  3.0 * shard_bytes * (hosts - 1) / hosts);
           if (widened && !hosts_uniform(n) && local_index_of(me) != 0)
             CHECK(tcp_sent < count, "%s: %s allreduce of %zu: rank %d, not a leader, sent %llu B over TCP", spec,
                   tcc_dtype_name(half_dt), count, me, (unsigned long long)tcp_sent);

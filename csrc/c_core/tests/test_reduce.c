@@ -548,6 +548,52 @@ static void test_conversion_sweep(void) {
   }
 }
 
+/* tcc__half_widen / tcc__half_narrow (the float32 phases of a half
+ * allreduce): every pattern widens to its exact value, and floats from
+ * every range, the boundaries above, NaNs and infinities round like the
+ * reference; lengths that leave a tail after the vector loop. */
+static void test_half_arrays(void) {
+  static uint16_t all[65536], back[65536];
+  static float wide[65536];
+  for (unsigned i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+  for (int dt = TCC_FLOAT16; dt <= TCC_BFLOAT16; dt++) {
+    tcc__half_widen(wide, all, 65535, (tcc_dtype_t)dt); /* odd: a tail */
+    long bad = 0;
+    for (unsigned i = 0; i < 65535 && bad < 3; i++) {
+      const double want = float_elem((tcc_dtype_t)dt, all, i), got = wide[i];
+      const int ok = isnan(want) ? isnan(got) : (got == want && !signbit(got) == !signbit(want));
+      if (!ok) bad++;
+      CHECK(ok, "%s widen 0x%04x: got %.17g want %.17g", tcc_dtype_name(dt), i, got, want);
+    }
+    tcc__half_narrow(back, wide, 65535, (tcc_dtype_t)dt);
+    for (unsigned i = 0; i < 65535 && bad < 3; i++) {
+      const int ok = isnan(wide[i]) ? isnan(float_elem((tcc_dtype_t)dt, back, i)) : back[i] == all[i];
+      if (!ok) bad++;
+      CHECK(ok, "%s widen+narrow 0x%04x -> 0x%04x", tcc_dtype_name(dt), i, back[i]);
+    }
+  }
+  for (int round = 0; round < 16; round++) {
+    const size_t n = 4096 + (size_t)rng_below(31);
+    for (size_t i = 0; i < n; i++) {
+      /* exponents from below the half subnormals to past float16's range */
+      uint32_t bits = (uint32_t)((rng_next() & 0x807FFFFFu) | ((90u + rng_below(60)) << 23));
+      if (i % 97 == 0) bits = (uint32_t)rng_next(); /* anything: NaNs, infinities, huge */
+      memcpy(&wide[i], &bits, sizeof bits);
+    }
+    for (int dt = TCC_FLOAT16; dt <= TCC_BFLOAT16; dt++) {
+      tcc__half_narrow(back, wide, n, (tcc_dtype_t)dt);
+      long bad = 0;
+      for (size_t i = 0; i < n && bad < 3; i++) {
+        const double want = dt == TCC_FLOAT16 ? round_half(wide[i]) : round_bf16(wide[i]);
+        const double got = float_elem((tcc_dtype_t)dt, back, i);
+        const int ok = isnan(want) ? isnan(got) : (got == want && !signbit(got) == !signbit(want));
+        if (!ok) bad++;
+        CHECK(ok, "%s narrow %.9g: got %.17g want %.17g", tcc_dtype_name(dt), (double)wide[i], got, want);
+      }
+    }
+  }
+}
+
 static void test_integer_wrap(void) {
   int8_t i8[2] = {100, 100}, i8_out;
   reduce_spread(TCC_INT8, TCC_SUM, 2, i8, 0, &i8_out);
@@ -702,6 +748,7 @@ int main(int argc, char **argv) {
   test_half_rounding();
   test_conversion_boundaries();
   test_conversion_sweep();
+  test_half_arrays();
   test_integer_wrap();
   test_bool_semantics();
   test_matrix();

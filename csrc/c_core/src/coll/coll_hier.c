@@ -39,9 +39,8 @@
  * order and divides once, where the sum is complete. float16/bfloat16,
  * which accumulate in float32 and round once, would change with a second
  * rounding: their allreduce runs its phases on a float32 copy and rounds
- * once at the end, where that copy (twice the bytes) still leaves the
- * links less to carry than the flat exchange (widening_pays); otherwise
- * they run flat, as their other reductions do, as do small messages,
+ * once (coll_hier_half.c), where that still leaves the links less to
+ * carry than the flat exchange; otherwise they run flat, as their other reductions do, as do small messages,
  * where the phases' latency costs more than the network bytes they save,
  * and the other collectives.
  *
@@ -73,21 +72,6 @@
 
 static bool reduction_stages(const tcc_coll_t *c) { return c->dtype != TCC_FLOAT16 && c->dtype != TCC_BFLOAT16; }
 
-/* Whether a float16/bfloat16 allreduce of N elements sends fewer bytes over
- * the busiest host's link in float32 phases than flat: the flat
- * reduce-scatter + all-gather sends 4 N L (n - L) / n bytes out of a host
- * of L of the n ranks, the hierarchy 8 N (H - 1) / H out of each of the H
- * hosts (each shard, or the leaders' whole vector, in float32). On hosts of
- * equal size that holds from 3 ranks per host. */
-static bool widening_pays(const tcc_comm_t *comm) {
-  const tcc__topology_t *t = comm->topo;
-  const long n = comm->size, hosts = t->nhosts;
-  for (int h = 0; h < t->nhosts; h++) {
-    const long local = t->host_size[h];
-    if (local * (n - local) * hosts > 2 * (hosts - 1) * n) return true;
-  }
-  return false;
-}
 
 /* The size the choice goes by: a rank's input (allreduce, broadcast,
  * reduce_scatter) or output (allgather). */
@@ -102,7 +86,7 @@ bool tcc__coll_hier_chosen(const tcc_comm_t *comm, const tcc_coll_t *c) {
   if (comm->topo && c->kind == TCC_COLL_ALLTOALL) return true;
   if (!comm->topo || op_bytes(comm, c) < HIER_MIN_BYTES) return false;
   switch (c->kind) {
-    case TCC_COLL_ALLREDUCE: return reduction_stages(c) || widening_pays(comm);
+    case TCC_COLL_ALLREDUCE: return reduction_stages(c) || tcc__hier_widening_pays(comm);
     case TCC_COLL_BROADCAST: return true;
     case TCC_COLL_ALLGATHER:
       return op_bytes(comm, c) >= (comm->topo->uniform ? HIER_MIN_GATHER_BYTES : HIER_MIN_UNEVEN_BYTES);
@@ -134,8 +118,8 @@ const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c
                   : "hierarchical reduce (within each host to its leader, leaders to the root's leader, then to the root)";
     default:
       if (!reduction_stages(c))
-        return even ? "hierarchical allreduce in float32, rounded once (host reduce-scatter, cross-host allreduce, "
-                      "host all-gather)"
+        return even ? "hierarchical allreduce in float32, rounded once (host reduce-scatter and cross-host "
+                      "reduce-scatter in float32, cross-host and host all-gathers of the rounded sums)"
                     : "hierarchical allreduce in float32, rounded once (host reduce, leaders' allreduce, host "
                       "broadcast)";
       return even ? "hierarchical allreduce (host reduce-scatter, cross-host allreduce, host all-gather)"
@@ -332,32 +316,6 @@ static tcc_result_t reduce(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, 
   return r;
 }
 
-/* A float16/bfloat16 allreduce in float32 phases: the input widened into
- * a buffer kept with the communicator (a fresh one per op would fault its
- * pages in every time), reduced there hierarchically, rounded once into
- * the output. */
-static tcc_result_t allreduce_widened(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
-                                      tcc_err_t *err) {
-  tcc__coll_scratch_t *s = coll_scratch_of(comm);
-  const size_t bytes = c->count * sizeof(float);
-  if (s->widened_bytes < bytes) {
-    free(s->widened);
-    s->widened = malloc(bytes);
-    s->widened_bytes = s->widened ? bytes : 0;
-  }
-  if (!s->widened) return out_of_memory(comm, c, seq, err);
-  float *wide = s->widened;
-  tcc__half_widen(wide, c->send, c->count, c->dtype);
-  tcc_coll_t w = *c;
-  w.dtype = TCC_FLOAT32;
-  w.send = wide;
-  w.recv = wide;
-  tcc_result_t r = comm->topo->uniform ? allreduce_by_shards(comm, &w, seq, deadline, err)
-                                       : tcc__coll_hier_by_leaders(comm, &w, seq, deadline, err);
-  if (r == TCC_OK) tcc__half_narrow(c->recv, wide, c->count, c->dtype);
-  return r;
-}
-
 tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                 tcc_err_t *err) {
   if (c->kind == TCC_COLL_ALLTOALL) return tcc__coll_hier_alltoall(comm, c, seq, deadline_ns, err);
@@ -368,7 +326,7 @@ tcc_result_t tcc__coll_hier_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t 
   if (!tcc__coll_snapshot_inputs(c, comm->size, comm->rank, &staged, &mem)) return out_of_memory(comm, c, seq, err);
   if (staged.kind == TCC_COLL_BROADCAST) r = broadcast(comm, &staged, seq, deadline_ns, err);
   else if (staged.kind == TCC_COLL_ALLREDUCE && !reduction_stages(&staged))
-    r = allreduce_widened(comm, &staged, seq, deadline_ns, err);
+    r = tcc__coll_hier_allreduce_half(comm, &staged, seq, deadline_ns, err);
   else if (!comm->topo->uniform) r = tcc__coll_hier_by_leaders(comm, &staged, seq, deadline_ns, err);
   else if (staged.kind == TCC_COLL_ALLGATHER) r = allgather(comm, &staged, seq, deadline_ns, err);
   else if (staged.kind == TCC_COLL_REDUCE_SCATTER) r = reduce_scatter(comm, &staged, seq, deadline_ns, err);

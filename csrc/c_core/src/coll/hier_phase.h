@@ -56,6 +56,13 @@ static inline tcc_result_t out_of_memory(const tcc_comm_t *comm, const tcc_coll_
                       tcc__coll_name(c->kind), (unsigned long long)seq, comm->name, comm->rank);
 }
 
+/* coll_hier_half.c: float16/bfloat16 allreduce in float32 phases, rounded
+ * once; and whether that puts fewer bytes on the busiest host link than
+ * the flat exchange. */
+bool tcc__hier_widening_pays(const tcc_comm_t *comm);
+tcc_result_t tcc__coll_hier_allreduce_half(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
+                                           tcc_err_t *err);
+
 /* coll_hier_leaders.c: allreduce, reduce, allgather and reduce_scatter on
  * hosts with different rank counts, through each host's first rank. */
 tcc_result_t tcc__coll_hier_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,

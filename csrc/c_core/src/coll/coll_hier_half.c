@@ -1,0 +1,127 @@
+/*
+ * coll_hier_half.c - float16/bfloat16 allreduce on groups that span hosts.
+ *
+ * These accumulate in float32 and round once; partial sums staged in the
+ * half type would be rounded at every phase. So the phases run on a
+ * float32 copy of the input (kept with the communicator: a fresh buffer
+ * per op would fault its pages in every time), in the documented order of
+ * a hierarchical sum (each host's ranks, then the hosts), and only the
+ * finished sums are rounded. On hosts of equal size:
+ *   1. the host's ranks reduce-scatter the copy (local rank l gets its
+ *      host's float32 sum of shard l);
+ *   2. the ranks of local index l reduce-scatter shard l across hosts, in
+ *      float32: each ends with the total of one H-th of it;
+ *   3. that part is rounded once into the output;
+ *   4. the same ranks all-gather shard l across hosts, in the half type;
+ *   5. the host's ranks all-gather the shards, in the half type.
+ * Out of each host's link go (H - 1) / H of the vector in float32 and again
+ * in the half type: 3 (H - 1) / H times its bytes, against 2 (H - 1) / H
+ * for an allreduce whose sums stay in its type. Elements left over when a
+ * shard or the vector does not divide evenly are summed the same way by
+ * allreduces. On uneven hosts the leaders' allreduce runs on the copy
+ * (coll_hier_leaders.c) and the result is rounded at the end.
+ */
+#include "coll/hier_phase.h"
+
+bool tcc__hier_widening_pays(const tcc_comm_t *comm) {
+  /* Bytes out of a host of L of the n ranks, in units of the vector's
+   * bytes: flat (every rank reduce-scatters and all-gathers with every
+   * other directly) 2 L (n - L) / n; here 3 (H - 1) / H on even hosts,
+   * 4 (H - 1) / H through the leaders (their allreduce in float32). */
+  const tcc__topology_t *t = comm->topo;
+  const long n = comm->size, hosts = t->nhosts, here = t->uniform ? 3 : 4;
+  for (int h = 0; h < t->nhosts; h++) {
+    const long local = t->host_size[h];
+    if (2 * local * (n - local) * hosts > here * (hosts - 1) * n) return true;
+  }
+  return false;
+}
+
+/* Rounds count float32 sums at `sum` once into `out` (half), AVG divided first. */
+static void finish(const tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_t *w, float *sum, void *out,
+                   size_t count) {
+  average(comm, w, sum, count);
+  tcc__half_narrow(out, sum, count, c->dtype);
+}
+
+/* Shard l (`shard` elements at element `first`) summed across hosts in
+ * float32, rounded once, and gathered across hosts in the half type. */
+static tcc_result_t shard_across_hosts(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_t *w, size_t first,
+                                       size_t shard, uint64_t seq, int64_t deadline, tcc_err_t *err) {
+  tcc_comm_t *cross = comm->topo->cross;
+  const int H = cross->size, me = cross->rank;
+  const size_t part = shard / (size_t)H, main = part * (size_t)H, es = tcc_dtype_size(c->dtype);
+  float *wide = w->recv;
+  void **parts = (void **)coll_scratch_of(comm)->part_out;
+  tcc_result_t r = TCC_OK;
+  if (part > 0) {
+    for (int h = 0; h < H; h++) parts[h] = wide + first + (size_t)h * part;
+    tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, w, later_op(w->redop), NULL, parts[me], part);
+    rs.sends = parts;
+    r = phase(cross, &rs, seq, deadline, err);
+    if (r != TCC_OK) return r;
+    finish(comm, c, w, parts[me], at(c->recv, (first + (size_t)me * part) * es), part);
+    for (int h = 0; h < H; h++) parts[h] = at(c->recv, (first + (size_t)h * part) * es);
+    tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, c, c->redop, parts[me], NULL, part);
+    ag.recvs = parts;
+    r = phase(cross, &ag, seq, deadline, err);
+  }
+  if (r == TCC_OK && main < shard) {
+    float *tail = wide + first + main;
+    tcc_coll_t ar = reduction(TCC_COLL_ALLREDUCE, w, later_op(w->redop), tail, tail, shard - main);
+    r = phase(cross, &ar, seq, deadline, err);
+    if (r == TCC_OK) finish(comm, c, w, tail, at(c->recv, (first + main) * es), shard - main);
+  }
+  return r;
+}
+
+static tcc_result_t by_shards(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_t *w, uint64_t seq,
+                              int64_t deadline, tcc_err_t *err) {
+  tcc_comm_t *local = comm->topo->local;
+  const int L = local->size, l = local->rank;
+  const size_t shard = c->count / (size_t)L, main = shard * (size_t)L, es = tcc_dtype_size(c->dtype);
+  float *wide = w->recv;
+  void **parts = (void **)coll_scratch_of(comm)->part_out;
+  tcc_result_t r = TCC_OK;
+  if (shard > 0) {
+    for (int j = 0; j < L; j++) parts[j] = wide + (size_t)j * shard;
+    tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, w, w->redop, NULL, parts[l], shard);
+    rs.sends = parts;
+    r = phase(local, &rs, seq, deadline, err);
+    if (r == TCC_OK) r = shard_across_hosts(comm, c, w, (size_t)l * shard, shard, seq, deadline, err);
+    for (int j = 0; j < L; j++) parts[j] = at(c->recv, (size_t)j * shard * es);
+    tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, c, c->redop, parts[l], NULL, shard);
+    ag.recvs = parts;
+    if (r == TCC_OK) r = phase(local, &ag, seq, deadline, err);
+  }
+  if (r == TCC_OK && main < c->count) {
+    float *tail = wide + main;
+    tcc_coll_t host = reduction(TCC_COLL_ALLREDUCE, w, w->redop, tail, tail, c->count - main);
+    r = phase(local, &host, seq, deadline, err);
+    tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, w, later_op(w->redop), tail, tail, host.count);
+    if (r == TCC_OK) r = phase(comm->topo->cross, &hosts, seq, deadline, err);
+    if (r == TCC_OK) finish(comm, c, w, tail, at(c->recv, main * es), host.count);
+  }
+  return r;
+}
+
+tcc_result_t tcc__coll_hier_allreduce_half(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
+                                           tcc_err_t *err) {
+  tcc__coll_scratch_t *s = coll_scratch_of(comm);
+  const size_t bytes = c->count * sizeof(float);
+  if (s->widened_bytes < bytes) {
+    free(s->widened);
+    s->widened = malloc(bytes);
+    s->widened_bytes = s->widened ? bytes : 0;
+  }
+  if (!s->widened) return out_of_memory(comm, c, seq, err);
+  tcc_coll_t w = *c;
+  w.dtype = TCC_FLOAT32;
+  w.send = w.recv = s->widened;
+  tcc__half_widen(w.recv, c->send, c->count, c->dtype);
+  if (comm->topo->uniform) return by_shards(comm, c, &w, seq, deadline, err);
+  tcc_result_t r = tcc__coll_hier_by_leaders(comm, &w, seq, deadline, err);
+  /* The leaders' allreduce leaves every rank the average already divided. */
+  if (r == TCC_OK) tcc__half_narrow(c->recv, w.recv, c->count, c->dtype);
+  return r;
+}
