@@ -80,6 +80,20 @@ def collectives(ev) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         check(f"all_reduce MAX int64 n={n}", t, torch.stack([(inp(q, n, torch.int64) % 17) - q for q in range(W)]).amax(0))
 
+    # float16/bfloat16 sums: the float32 sum in the hierarchical order (each
+    # host's ranks in rank order, then the hosts), rounded once. Fractions
+    # make any second rounding show; 80 KB is a hierarchical size.
+    for dtype in (torch.bfloat16, torch.float16):
+        n = 40_001
+
+        def frac(q):
+            return ((inp(q, n) % 1000) / 7.0 + q / 3.0).to(dtype)
+
+        t = frac(r)
+        dist.all_reduce(t)
+        host_sums = [sum(frac(q).float() for q in ranks_of(k)) for k in range(HOSTS)]
+        check(f"all_reduce SUM {dtype} n={n}", t, sum(host_sums).to(dtype))
+
     for n in (513, 100_001):
         for src in sorted({W - 1, 1 % W}):  # the last rank, and one that leads no host
             t = inp(r, n)
