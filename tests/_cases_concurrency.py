@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import gc
 import os
 import signal
 import threading
@@ -233,8 +232,16 @@ def c_fork_dataloader(ctx):
     assert workers_seen == {0, 1}, f"batches came from workers {sorted(workers_seen)}"
     ctx.check_usable(what="after the DataLoader's workers exited")
 
-    # a worker that exits in the middle of an epoch
-    epoch = iter(_loader(RankSquares(r, n, exit_at=9)))
+    # a worker that exits in the middle of an epoch, at its first item. One
+    # worker, and nothing sent before it exits: a batch it had sent would
+    # carry its tensor as a descriptor fetched from the worker on receipt,
+    # which fails (EOFError) once the worker is gone; and while the failed
+    # worker is registered with torch's SIGCHLD handler, the handler raises
+    # on any child's exit (a second worker's at shutdown) wherever this
+    # process happens to be. So the only SIGCHLD is the failed worker's
+    # own, which lands in the loop, where its batch is awaited; the
+    # shutdown then unregisters it before the fork below.
+    epoch = iter(_loader(RankSquares(r, n, exit_at=0), workers=1))
     try:
         for _ in epoch:
             pass
@@ -243,12 +250,8 @@ def c_fork_dataloader(ctx):
             f"the DataLoader failed, but not on its worker's exit: {e}"
     else:
         raise AssertionError("a DataLoader worker called os._exit, yet the epoch completed")
-    # Until the iterator is gone its workers stay registered with torch's
-    # SIGCHLD handler, which then raises on any child's exit (the fork
-    # below) wherever this process happens to be; the traceback's cycles
-    # keep it alive until a collection.
+    epoch._shutdown_workers()  # now, not whenever a collection frees it
     del epoch
-    gc.collect()
     ctx.check_usable(what="after a DataLoader worker exited unexpectedly")
 
     # a child that ends the way a program ends: Python's exit handlers, then
