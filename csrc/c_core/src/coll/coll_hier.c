@@ -66,9 +66,6 @@
  * 10 Gbit/s, flat is ahead or even up to 1 MiB and behind from 2 MiB
  * (bench/README.md). */
 #define HIER_MIN_UNEVEN_BYTES (2u << 20)
-/* Sharded allreduces of at least two of these run in segments, the
- * cross-host phase of one overlapping the host phases of its neighbours. */
-#define HIER_SEGMENT_BYTES (4u << 20)
 
 static bool reduction_stages(const tcc_coll_t *c) { return c->dtype != TCC_FLOAT16 && c->dtype != TCC_BFLOAT16; }
 
@@ -129,66 +126,49 @@ const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c
 
 /* ---- allreduce --------------------------------------------------------- */
 
-/* Segment k of the sharded allreduce: the same sub-range [off, off+len) of
- * every shard, so each segment reduces in the same order as the whole. */
-typedef struct shard_segment {
-  size_t off, len;
-} shard_segment_t;
-
-static tcc_coll_t segment_reduce_scatter(const tcc_comm_t *comm, const tcc_coll_t *c, size_t shard,
-                                         shard_segment_t s) {
+/* The host's reduce-scatter of j's segment of every shard of j->sum: local
+ * rank l gets its host's sum of that part of shard l. */
+static tcc_result_t reduce_scatter_segment(tcc_comm_t *comm, const tcc__hier_job_t *j, size_t shard,
+                                           tcc_err_t *err) {
   const int L = comm->topo->local->size, l = comm->topo->local->rank;
-  const size_t es = tcc_dtype_size(c->dtype);
-  void **parts = (void **)coll_scratch_of((tcc_comm_t *)comm)->part_out;
-  for (int j = 0; j < L; j++) parts[j] = at(c->send, ((size_t)j * shard + s.off) * es);
-  tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, c, c->redop, NULL, at(c->recv, ((size_t)l * shard + s.off) * es),
-                            s.len);
-  rs.sends = parts;
-  return rs;
-}
-
-static tcc_coll_t segment_allreduce(const tcc_comm_t *comm, const tcc_coll_t *c, size_t shard, shard_segment_t s) {
-  const size_t es = tcc_dtype_size(c->dtype);
-  void *mine = at(c->recv, ((size_t)comm->topo->local->rank * shard + s.off) * es);
-  return reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), mine, mine, s.len);
-}
-
-/* The host's all-gather of segment s, this rank's part (its shard's sum
- * across hosts) finished first. */
-static tcc_result_t allgather_segment(tcc_comm_t *comm, const tcc_coll_t *c, size_t shard, shard_segment_t s,
-                                      uint64_t seq, int64_t deadline, tcc_err_t *err) {
-  const int L = comm->topo->local->size, l = comm->topo->local->rank;
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc_dtype_size(j->sum->dtype), off = j->first - (size_t)l * shard;
   void **parts = (void **)coll_scratch_of(comm)->part_out;
-  for (int j = 0; j < L; j++) parts[j] = at(c->recv, ((size_t)j * shard + s.off) * es);
-  average(comm, c, parts[l], s.len);
-  tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, c, c->redop, parts[l], NULL, s.len);
-  ag.recvs = parts;
-  return phase(comm->topo->local, &ag, seq, deadline, err);
+  for (int i = 0; i < L; i++) parts[i] = at(j->sum->send, ((size_t)i * shard + off) * es);
+  tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, j->sum, j->sum->redop, NULL, at(j->sum->recv, j->first * es),
+                            j->len);
+  rs.sends = parts;
+  return phase(comm->topo->local, &rs, j->seq, j->deadline, err);
 }
 
-/* The shards' main part in segments, the cross-host allreduce of segment k
- * running on the pipe's thread while this one reduce-scatters segment k+1
- * and all-gathers segment k-1. The order of the local phases is fixed
- * (RS 0, RS 1, AG 0, RS 2, AG 1, ...), so every rank of a host runs them
- * alike whatever the timing. Without a thread: one phase after another. */
-static tcc_result_t shards_in_segments(tcc_comm_t *comm, const tcc_coll_t *c, size_t shard, uint64_t seq,
-                                       int64_t deadline, tcc_err_t *err) {
-  const size_t es = tcc_dtype_size(c->dtype), whole = shard * (size_t)comm->topo->local->size * es;
-  const size_t nseg = whole >= 2 * HIER_SEGMENT_BYTES ? (whole + HIER_SEGMENT_BYTES - 1) / HIER_SEGMENT_BYTES : 1;
-  const size_t sub = (shard + nseg - 1) / nseg;
+/* The host's all-gather of j's segment of every shard of j->out, each
+ * rank's part finished by the cross-host job. */
+static tcc_result_t allgather_segment(tcc_comm_t *comm, const tcc__hier_job_t *j, size_t shard, tcc_err_t *err) {
+  const int L = comm->topo->local->size, l = comm->topo->local->rank;
+  const size_t es = tcc_dtype_size(j->out->dtype), off = j->first - (size_t)l * shard;
+  void **parts = (void **)coll_scratch_of(comm)->part_out;
+  for (int i = 0; i < L; i++) parts[i] = at(j->out->recv, ((size_t)i * shard + off) * es);
+  tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, j->out, j->out->redop, parts[l], NULL, j->len);
+  ag.recvs = parts;
+  return phase(comm->topo->local, &ag, j->seq, j->deadline, err);
+}
+
+tcc_result_t tcc__hier_shards_in_segments(tcc_comm_t *comm, const tcc__hier_job_t *whole, size_t shard,
+                                          tcc_err_t *err) {
+  const size_t bytes = shard * (size_t)comm->topo->local->size * tcc_dtype_size(whole->sum->dtype);
+  const size_t nseg = bytes >= 2 * HIER_SEGMENT_BYTES ? (bytes + HIER_SEGMENT_BYTES - 1) / HIER_SEGMENT_BYTES : 1;
+  const size_t sub = (shard + nseg - 1) / nseg, mine = (size_t)comm->topo->local->rank * shard;
   tcc__hier_pipe_t *pipe = nseg > 1 ? tcc__hier_pipe_of(comm) : NULL;
   tcc_result_t r = TCC_OK;
   bool in_flight = false;
-  shard_segment_t prev = {0, 0};
+  tcc__hier_job_t prev = *whole;
   for (size_t k = 0; k * sub < shard && r == TCC_OK; k++) {
-    const shard_segment_t s = {k * sub, sub < shard - k * sub ? sub : shard - k * sub};
-    tcc_coll_t rs = segment_reduce_scatter(comm, c, shard, s);
-    r = phase(comm->topo->local, &rs, seq, deadline, err);
-    tcc_coll_t ar = segment_allreduce(comm, c, shard, s);
+    tcc__hier_job_t seg = *whole;
+    seg.first = mine + k * sub;
+    seg.len = sub < shard - k * sub ? sub : shard - k * sub;
+    r = reduce_scatter_segment(comm, &seg, shard, err);
     if (!pipe) {
-      if (r == TCC_OK) r = phase(comm->topo->cross, &ar, seq, deadline, err);
-      if (r == TCC_OK) r = allgather_segment(comm, c, shard, s, seq, deadline, err);
+      if (r == TCC_OK) r = seg.run(comm, &seg, (void **)coll_scratch_of(comm)->part_out, err);
+      if (r == TCC_OK) r = allgather_segment(comm, &seg, shard, err);
       continue;
     }
     if (in_flight) {
@@ -197,19 +177,30 @@ static tcc_result_t shards_in_segments(tcc_comm_t *comm, const tcc_coll_t *c, si
       if (r == TCC_OK) r = done;
     }
     if (r != TCC_OK) break;
-    tcc__hier_pipe_post(pipe, &ar, seq, deadline);
+    tcc__hier_pipe_post(pipe, &seg);
     in_flight = true;
-    if (k > 0) r = allgather_segment(comm, c, shard, prev, seq, deadline, err);
-    prev = s;
+    if (k > 0) r = allgather_segment(comm, &prev, shard, err);
+    prev = seg;
   }
   if (in_flight) {
     tcc_result_t done = tcc__hier_pipe_wait(pipe, err); /* its buffers are the caller's: never left running */
     if (r == TCC_OK) r = done;
-    if (r == TCC_OK) r = allgather_segment(comm, c, shard, prev, seq, deadline, err);
+    if (r == TCC_OK) r = allgather_segment(comm, &prev, shard, err);
   }
   return r;
 }
 
+/* The cross-host job of a float32 (or any type reducing in its own type)
+ * segment: this rank's part of it allreduced with the ranks of its local
+ * index on the other hosts, then averaged if AVG (the sum is complete). */
+static tcc_result_t allreduce_across(tcc_comm_t *comm, const tcc__hier_job_t *j, void **parts, tcc_err_t *err) {
+  (void)parts;
+  void *mine = at(j->sum->recv, j->first * tcc_dtype_size(j->sum->dtype));
+  tcc_coll_t ar = reduction(TCC_COLL_ALLREDUCE, j->sum, later_op(j->sum->redop), mine, mine, j->len);
+  tcc_result_t r = phase(comm->topo->cross, &ar, j->seq, j->deadline, err);
+  if (r == TCC_OK) average(comm, j->sum, mine, j->len);
+  return r;
+}
 static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
                                         tcc_err_t *err) {
   const tcc__topology_t *t = comm->topo;
@@ -217,7 +208,10 @@ static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, u
   const int L = local->size;
   const size_t es = tcc_dtype_size(c->dtype), shard = c->count / (size_t)L, main = shard * (size_t)L;
   tcc_result_t r = TCC_OK;
-  if (shard > 0) r = shards_in_segments(comm, c, shard, seq, deadline, err);
+  if (shard > 0) {
+    const tcc__hier_job_t whole = {.run = allreduce_across, .out = c, .sum = c, .seq = seq, .deadline = deadline};
+    r = tcc__hier_shards_in_segments(comm, &whole, shard, err);
+  }
   /* The count % L elements left: the same order, host first. */
   if (r == TCC_OK && main < c->count) {
     tcc_coll_t host = reduction(TCC_COLL_ALLREDUCE, c, c->redop, at(c->send, main * es), at(c->recv, main * es),

@@ -18,7 +18,10 @@
  * in the half type: 3 (H - 1) / H times its bytes, against 2 (H - 1) / H
  * for an allreduce whose sums stay in its type. Elements left over when a
  * shard or the vector does not divide evenly are summed the same way by
- * allreduces. On uneven hosts the leaders' allreduce runs on the copy
+ * allreduces. From two segments of the copy on (hier_phase.h), steps 2-4
+ * of one segment run on the pipe's thread while the host's ranks run
+ * steps 1 and 5 of its neighbours, as the float32 allreduce does. On
+ * uneven hosts the leaders' allreduce runs on the copy
  * (coll_hier_leaders.c) and the result is rounded at the end.
  */
 #include "coll/hier_phase.h"
@@ -44,60 +47,50 @@ static void finish(const tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_t
   tcc__half_narrow(out, sum, count, c->dtype);
 }
 
-/* Shard l (`shard` elements at element `first`) summed across hosts in
- * float32, rounded once, and gathered across hosts in the half type. */
-static tcc_result_t shard_across_hosts(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_t *w, size_t first,
-                                       size_t shard, uint64_t seq, int64_t deadline, tcc_err_t *err) {
+/* The cross-host job of a segment (`len` elements of shard l from element
+ * `first`): summed across hosts in float32, rounded once, gathered across
+ * hosts in the half type. */
+static tcc_result_t segment_across_hosts(tcc_comm_t *comm, const tcc__hier_job_t *j, void **parts, tcc_err_t *err) {
   tcc_comm_t *cross = comm->topo->cross;
+  const tcc_coll_t *c = j->out, *w = j->sum;
   const int H = cross->size, me = cross->rank;
-  const size_t part = shard / (size_t)H, main = part * (size_t)H, es = tcc_dtype_size(c->dtype);
+  const size_t part = j->len / (size_t)H, main = part * (size_t)H, es = tcc_dtype_size(c->dtype);
   float *wide = w->recv;
-  void **parts = (void **)coll_scratch_of(comm)->part_out;
   tcc_result_t r = TCC_OK;
   if (part > 0) {
-    for (int h = 0; h < H; h++) parts[h] = wide + first + (size_t)h * part;
+    for (int h = 0; h < H; h++) parts[h] = wide + j->first + (size_t)h * part;
     tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, w, later_op(w->redop), NULL, parts[me], part);
     rs.sends = parts;
-    r = phase(cross, &rs, seq, deadline, err);
+    r = phase(cross, &rs, j->seq, j->deadline, err);
     if (r != TCC_OK) return r;
-    finish(comm, c, w, parts[me], at(c->recv, (first + (size_t)me * part) * es), part);
-    for (int h = 0; h < H; h++) parts[h] = at(c->recv, (first + (size_t)h * part) * es);
+    finish(comm, c, w, parts[me], at(c->recv, (j->first + (size_t)me * part) * es), part);
+    for (int h = 0; h < H; h++) parts[h] = at(c->recv, (j->first + (size_t)h * part) * es);
     tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, c, c->redop, parts[me], NULL, part);
     ag.recvs = parts;
-    r = phase(cross, &ag, seq, deadline, err);
+    r = phase(cross, &ag, j->seq, j->deadline, err);
   }
-  if (r == TCC_OK && main < shard) {
-    float *tail = wide + first + main;
-    tcc_coll_t ar = reduction(TCC_COLL_ALLREDUCE, w, later_op(w->redop), tail, tail, shard - main);
-    r = phase(cross, &ar, seq, deadline, err);
-    if (r == TCC_OK) finish(comm, c, w, tail, at(c->recv, (first + main) * es), shard - main);
+  if (r == TCC_OK && main < j->len) {
+    float *tail = wide + j->first + main;
+    tcc_coll_t ar = reduction(TCC_COLL_ALLREDUCE, w, later_op(w->redop), tail, tail, j->len - main);
+    r = phase(cross, &ar, j->seq, j->deadline, err);
+    if (r == TCC_OK) finish(comm, c, w, tail, at(c->recv, (j->first + main) * es), j->len - main);
   }
   return r;
 }
 
 static tcc_result_t by_shards(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_t *w, uint64_t seq,
                               int64_t deadline, tcc_err_t *err) {
-  tcc_comm_t *local = comm->topo->local;
-  const int L = local->size, l = local->rank;
-  const size_t shard = c->count / (size_t)L, main = shard * (size_t)L, es = tcc_dtype_size(c->dtype);
-  float *wide = w->recv;
-  void **parts = (void **)coll_scratch_of(comm)->part_out;
+  const size_t shard = c->count / (size_t)comm->topo->local->size, main = shard * (size_t)comm->topo->local->size;
+  const size_t es = tcc_dtype_size(c->dtype);
   tcc_result_t r = TCC_OK;
   if (shard > 0) {
-    for (int j = 0; j < L; j++) parts[j] = wide + (size_t)j * shard;
-    tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, w, w->redop, NULL, parts[l], shard);
-    rs.sends = parts;
-    r = phase(local, &rs, seq, deadline, err);
-    if (r == TCC_OK) r = shard_across_hosts(comm, c, w, (size_t)l * shard, shard, seq, deadline, err);
-    for (int j = 0; j < L; j++) parts[j] = at(c->recv, (size_t)j * shard * es);
-    tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, c, c->redop, parts[l], NULL, shard);
-    ag.recvs = parts;
-    if (r == TCC_OK) r = phase(local, &ag, seq, deadline, err);
+    const tcc__hier_job_t whole = {.run = segment_across_hosts, .out = c, .sum = w, .seq = seq, .deadline = deadline};
+    r = tcc__hier_shards_in_segments(comm, &whole, shard, err);
   }
   if (r == TCC_OK && main < c->count) {
-    float *tail = wide + main;
+    float *tail = (float *)w->recv + main;
     tcc_coll_t host = reduction(TCC_COLL_ALLREDUCE, w, w->redop, tail, tail, c->count - main);
-    r = phase(local, &host, seq, deadline, err);
+    r = phase(comm->topo->local, &host, seq, deadline, err);
     tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, w, later_op(w->redop), tail, tail, host.count);
     if (r == TCC_OK) r = phase(comm->topo->cross, &hosts, seq, deadline, err);
     if (r == TCC_OK) finish(comm, c, w, tail, at(c->recv, main * es), host.count);

@@ -43,17 +43,33 @@ typedef struct tcc__coll_scratch {
   /* float16/bfloat16 allreduces that run in float32 phases: the copy */
   void *widened;
   size_t widened_bytes;
-  /* the thread that runs the hierarchical allreduce's cross-host phases
-   * (coll_hier.c), started on first use */
+  /* the thread that runs the hierarchical allreduces' cross-host phases
+   * (hier_pipe.c), started on first use */
   struct tcc__hier_pipe *pipe;
 } tcc__coll_scratch_t;
 
-/* hier_pipe.c: a thread that runs posted phases on comm's cross view. */
+/* hier_pipe.c: a thread that runs posted jobs, one at a time, while the
+ * thread that posted them runs the host phases. A job is the cross-host
+ * part of one segment of a hierarchical allreduce (coll_hier.c,
+ * coll_hier_half.c). */
 typedef struct tcc__hier_pipe tcc__hier_pipe_t;
+typedef struct tcc__hier_job tcc__hier_job_t;
+/* Runs `job` on comm; `parts` holds comm->size pointers for its own use. */
+typedef tcc_result_t (*tcc__hier_job_fn)(tcc_comm_t *comm, const tcc__hier_job_t *job, void **parts,
+                                         tcc_err_t *err);
+struct tcc__hier_job {
+  tcc__hier_job_fn run;
+  /* the caller's op, and what its phases reduce (the op itself, or a float32
+   * copy): both stay valid until the caller has waited for the job */
+  const tcc_coll_t *out, *sum;
+  size_t first, len; /* the segment of the vector, in elements */
+  uint64_t seq;
+  int64_t deadline;
+};
 /* The communicator's pipe, started on first use (NULL: no thread). */
 tcc__hier_pipe_t *tcc__hier_pipe_of(tcc_comm_t *comm);
-/* Hands `job` to the pipe's thread (nothing else in flight). */
-void tcc__hier_pipe_post(tcc__hier_pipe_t *p, const tcc_coll_t *job, uint64_t seq, int64_t deadline);
+/* Hands a copy of `job` to the pipe's thread (nothing else in flight). */
+void tcc__hier_pipe_post(tcc__hier_pipe_t *p, const tcc__hier_job_t *job);
 /* Waits for the posted job: its result, its message into err on failure. */
 tcc_result_t tcc__hier_pipe_wait(tcc__hier_pipe_t *p, tcc_err_t *err);
 /* Stops and frees a communicator's pipe (NULL: nothing). */

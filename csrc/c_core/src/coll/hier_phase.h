@@ -56,6 +56,22 @@ static inline tcc_result_t out_of_memory(const tcc_comm_t *comm, const tcc_coll_
                       tcc__coll_name(c->kind), (unsigned long long)seq, comm->name, comm->rank);
 }
 
+/* Sharded allreduces of at least two of these (of the type their phases
+ * reduce in) run in segments, the cross-host phases of one overlapping the
+ * host phases of its neighbours. */
+#define HIER_SEGMENT_BYTES (4u << 20)
+
+/* coll_hier.c: the main part of an allreduce on even hosts, `shard`
+ * elements per local rank: for each segment (whole's first and len set to
+ * it, first counted from the vector's start), the host's ranks
+ * reduce-scatter whole->sum, whole->run finishes this rank's part across
+ * hosts into whole->out, and the host's ranks all-gather whole->out. From
+ * two segments on, run goes on the pipe's thread, the host phases of the
+ * next and previous segments around it (RS 0, RS 1, AG 0, RS 2, AG 1, ...,
+ * the same order on every rank of a host whatever the timing). */
+tcc_result_t tcc__hier_shards_in_segments(tcc_comm_t *comm, const tcc__hier_job_t *whole, size_t shard,
+                                          tcc_err_t *err);
+
 /* coll_hier_half.c: float16/bfloat16 allreduce in float32 phases, rounded
  * once; and whether that puts fewer bytes on the busiest host link than
  * the flat exchange. */

@@ -1,9 +1,11 @@
 /*
- * hier_pipe.c - a thread that runs one phase at a time of a hierarchical
- * collective on a view (coll_hier.c: the cross-host allreduce of a
- * segment) while the thread that posted it runs other phases, so the link
- * and shared memory work at the same time. Posts and waits alternate: one
- * phase in flight at most.
+ * hier_pipe.c - a thread that runs one job at a time of a hierarchical
+ * allreduce (the cross-host phases of a segment: coll_hier.c,
+ * coll_hier_half.c) while the thread that posted it runs other phases, so
+ * the link and shared memory work at the same time. Posts and waits
+ * alternate: one job in flight at most. The job's phases run on the
+ * cross-host view, whose scratch is its own; `parts` spares it the
+ * communicator's, which the posting thread keeps using.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -14,11 +16,10 @@ struct tcc__hier_pipe {
   pthread_t thread;
   pthread_mutex_t lock;
   pthread_cond_t cv;
-  tcc_comm_t *cross;
+  tcc_comm_t *comm;
+  void **parts;
   bool posted, done, stop;
-  tcc_coll_t job;
-  uint64_t seq;
-  int64_t deadline;
+  tcc__hier_job_t job;
   tcc_result_t result;
   tcc_err_t err;
 };
@@ -30,12 +31,10 @@ static void *pipe_main(void *arg) {
     while (!p->posted && !p->stop) pthread_cond_wait(&p->cv, &p->lock);
     if (p->stop) break;
     p->posted = false;
-    const tcc_coll_t job = p->job;
-    const uint64_t seq = p->seq;
-    const int64_t deadline = p->deadline;
+    const tcc__hier_job_t job = p->job;
     tcc_err_t err = {TCC_OK, {0}};
     pthread_mutex_unlock(&p->lock);
-    tcc_result_t r = tcc__coll_run(p->cross, &job, seq, deadline, &err);
+    tcc_result_t r = job.run(p->comm, &job, p->parts, &err);
     pthread_mutex_lock(&p->lock);
     p->result = r;
     p->err = err;
@@ -50,18 +49,23 @@ tcc__hier_pipe_t *tcc__hier_pipe_of(tcc_comm_t *comm) {
   tcc__coll_scratch_t *s = coll_scratch_of(comm);
   if (s->pipe) return s->pipe;
   tcc__hier_pipe_t *p = calloc(1, sizeof *p);
-  if (!p) return NULL;
-  p->cross = comm->topo->cross;
+  void **parts = calloc((size_t)comm->size, sizeof *parts);
+  if (!p || !parts) goto fail;
+  p->comm = comm;
+  p->parts = parts;
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->cv, NULL);
   if (pthread_create(&p->thread, NULL, pipe_main, p) != 0) {
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cv);
-    free(p);
-    return NULL;
+    goto fail;
   }
   s->pipe = p;
   return p;
+fail:
+  free(parts);
+  free(p);
+  return NULL;
 }
 
 void tcc__hier_pipe_free(tcc__hier_pipe_t *p) {
@@ -73,14 +77,13 @@ void tcc__hier_pipe_free(tcc__hier_pipe_t *p) {
   pthread_join(p->thread, NULL);
   pthread_mutex_destroy(&p->lock);
   pthread_cond_destroy(&p->cv);
+  free(p->parts);
   free(p);
 }
 
-void tcc__hier_pipe_post(tcc__hier_pipe_t *p, const tcc_coll_t *job, uint64_t seq, int64_t deadline) {
+void tcc__hier_pipe_post(tcc__hier_pipe_t *p, const tcc__hier_job_t *job) {
   pthread_mutex_lock(&p->lock);
   p->job = *job;
-  p->seq = seq;
-  p->deadline = deadline;
   p->done = false;
   p->posted = true;
   pthread_cond_broadcast(&p->cv);
