@@ -28,6 +28,7 @@
 #include "group.h"
 #include "tccomm.h"
 #include "coll/coll.h"          /* the algorithm an op takes */
+#include "coll/coll_scratch.h"  /* the pipe's thread, refused */
 #include "transport/shm/shm.h" /* the local view's rings, to see which way p2p went */
 
 /* Messages from this size on run hierarchically (coll/coll_hier.c), all_gather
@@ -759,10 +760,40 @@ static void test_half_allreduce(tcc_comm_t *comm) {
         }
 }
 
+/* Rank 0 runs its segments' cross-host parts in line, as where its thread
+ * cannot be started, while the others use theirs: the host's phases keep
+ * one order on every rank, so the sums still come out right (a schedule
+ * that changed with the thread would pair one rank's reduce-scatter with
+ * its host-mates' all-gather). */
+static void test_pipe_refused(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  const size_t count = 2 * HIER_SEGMENT_BYTES / 4 + 3;
+  atomic_store(&tcc__hier_pipe_refused, me == 0);
+  const tcc_redop_t ops[] = {TCC_SUM, TCC_AVG};
+  for (size_t k = 0; k < 2; k++) {
+    float *buf = malloc(count * sizeof *buf);
+    for (size_t i = 0; i < count; i++) buf[i] = (float)small_value(me, i, ops[k]);
+    tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(buf, count, TCC_FLOAT32),
+                                       ops[k], NULL, &op));
+    CHECK(r == TCC_OK, "%s: allreduce %s with rank 0's pipe refused: %s", spec, tcc_redop_name(ops[k]),
+          tcc_last_error());
+    size_t bad = 0;
+    for (size_t i = 0; i < count && r == TCC_OK; i++) {
+      const double want = ref_value(n, i, TCC_FLOAT32, ops[k], 0.5);
+      if (buf[i] != (float)want && bad++ < 3)
+        CHECK(0, "%s: allreduce %s with rank 0's pipe refused: element %zu is %g, expected %g", spec,
+              tcc_redop_name(ops[k]), i, buf[i], want);
+    }
+    free(buf);
+  }
+  atomic_store(&tcc__hier_pipe_refused, false);
+}
+
 static void all_tests(tcc_comm_t *comm) {
   test_allreduce_ops(comm);
   test_sum_order(comm);
   test_half_allreduce(comm);
+  test_pipe_refused(comm);
   test_broadcast(comm);
   test_allgather_and_p2p(comm);
   test_reduce_scatter(comm);

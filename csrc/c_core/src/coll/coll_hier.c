@@ -126,72 +126,72 @@ const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c
 
 /* ---- allreduce --------------------------------------------------------- */
 
-/* The host's reduce-scatter of j's segment of every shard of j->sum: local
- * rank l gets its host's sum of that part of shard l. */
-static tcc_result_t reduce_scatter_segment(tcc_comm_t *comm, const tcc__hier_job_t *j, size_t shard,
-                                           tcc_err_t *err) {
+tcc_result_t tcc__hier_shard_reduce_scatter(tcc_comm_t *comm, const tcc__hier_job_t *seg, tcc_err_t *err) {
   const int L = comm->topo->local->size, l = comm->topo->local->rank;
-  const size_t es = tcc_dtype_size(j->sum->dtype), off = j->first - (size_t)l * shard;
+  const size_t es = tcc_dtype_size(seg->sum->dtype), off = seg->first - (size_t)l * seg->shard;
   void **parts = (void **)coll_scratch_of(comm)->part_out;
-  for (int i = 0; i < L; i++) parts[i] = at(j->sum->send, ((size_t)i * shard + off) * es);
-  tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, j->sum, j->sum->redop, NULL, at(j->sum->recv, j->first * es),
-                            j->len);
+  for (int i = 0; i < L; i++) parts[i] = at(seg->sum->send, ((size_t)i * seg->shard + off) * es);
+  tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, seg->sum, seg->sum->redop, NULL,
+                            at(seg->sum->recv, seg->first * es), seg->len);
   rs.sends = parts;
-  return phase(comm->topo->local, &rs, j->seq, j->deadline, err);
+  return phase(comm->topo->local, &rs, seg->seq, seg->deadline, err);
 }
 
-/* The host's all-gather of j's segment of every shard of j->out, each
- * rank's part finished by the cross-host job. */
-static tcc_result_t allgather_segment(tcc_comm_t *comm, const tcc__hier_job_t *j, size_t shard, tcc_err_t *err) {
+tcc_result_t tcc__hier_shard_allgather(tcc_comm_t *comm, const tcc__hier_job_t *seg, tcc_err_t *err) {
   const int L = comm->topo->local->size, l = comm->topo->local->rank;
-  const size_t es = tcc_dtype_size(j->out->dtype), off = j->first - (size_t)l * shard;
+  const size_t es = tcc_dtype_size(seg->out->dtype), off = seg->first - (size_t)l * seg->shard;
   void **parts = (void **)coll_scratch_of(comm)->part_out;
-  for (int i = 0; i < L; i++) parts[i] = at(j->out->recv, ((size_t)i * shard + off) * es);
-  tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, j->out, j->out->redop, parts[l], NULL, j->len);
+  for (int i = 0; i < L; i++) parts[i] = at(seg->out->recv, ((size_t)i * seg->shard + off) * es);
+  tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, seg->out, seg->out->redop, parts[l], NULL, seg->len);
   ag.recvs = parts;
-  return phase(comm->topo->local, &ag, j->seq, j->deadline, err);
+  return phase(comm->topo->local, &ag, seg->seq, seg->deadline, err);
 }
 
-tcc_result_t tcc__hier_shards_in_segments(tcc_comm_t *comm, const tcc__hier_job_t *whole, size_t shard,
-                                          tcc_err_t *err) {
-  const size_t bytes = shard * (size_t)comm->topo->local->size * tcc_dtype_size(whole->sum->dtype);
-  const size_t nseg = bytes >= 2 * HIER_SEGMENT_BYTES ? (bytes + HIER_SEGMENT_BYTES - 1) / HIER_SEGMENT_BYTES : 1;
-  const size_t sub = (shard + nseg - 1) / nseg, mine = (size_t)comm->topo->local->rank * shard;
-  tcc__hier_pipe_t *pipe = nseg > 1 ? tcc__hier_pipe_of(comm) : NULL;
+/* Starts `across` of seg: on the pipe's thread, or here and now. */
+static tcc_result_t start_across(tcc_comm_t *comm, tcc__hier_pipe_t *pipe, const tcc__hier_job_t *seg,
+                                 tcc_err_t *err) {
+  if (pipe) {
+    tcc__hier_pipe_post(pipe, seg);
+    return TCC_OK;
+  }
+  return seg->run(comm, seg, (void **)coll_scratch_of(comm)->part_out, err);
+}
+
+tcc_result_t tcc__hier_in_segments(tcc_comm_t *comm, const hier_steps_t *steps, const tcc__hier_job_t *whole,
+                                   size_t span, size_t nseg, tcc_err_t *err) {
+  const size_t sub = (span + nseg - 1) / nseg;
+  tcc__hier_pipe_t *pipe = nseg > 1 && steps->across ? tcc__hier_pipe_of(comm) : NULL;
   tcc_result_t r = TCC_OK;
   bool in_flight = false;
   tcc__hier_job_t prev = *whole;
-  for (size_t k = 0; k * sub < shard && r == TCC_OK; k++) {
+  for (size_t k = 0; k * sub < span && r == TCC_OK; k++) {
     tcc__hier_job_t seg = *whole;
-    seg.first = mine + k * sub;
-    seg.len = sub < shard - k * sub ? sub : shard - k * sub;
-    r = reduce_scatter_segment(comm, &seg, shard, err);
-    if (!pipe) {
-      if (r == TCC_OK) r = seg.run(comm, &seg, (void **)coll_scratch_of(comm)->part_out, err);
-      if (r == TCC_OK) r = allgather_segment(comm, &seg, shard, err);
-      continue;
-    }
+    seg.run = steps->across;
+    seg.first = whole->first + k * sub;
+    seg.len = sub < span - k * sub ? sub : span - k * sub;
+    r = steps->before(comm, &seg, err);
     if (in_flight) {
       tcc_result_t done = tcc__hier_pipe_wait(pipe, err);
       in_flight = false;
       if (r == TCC_OK) r = done;
     }
-    if (r != TCC_OK) break;
-    tcc__hier_pipe_post(pipe, &seg);
-    in_flight = true;
-    if (k > 0) r = allgather_segment(comm, &prev, shard, err);
+    if (r == TCC_OK && seg.run) {
+      r = start_across(comm, pipe, &seg, err);
+      in_flight = pipe != NULL;
+    }
+    if (r == TCC_OK && k > 0) r = steps->after(comm, &prev, err);
     prev = seg;
   }
   if (in_flight) {
     tcc_result_t done = tcc__hier_pipe_wait(pipe, err); /* its buffers are the caller's: never left running */
     if (r == TCC_OK) r = done;
-    if (r == TCC_OK) r = allgather_segment(comm, &prev, shard, err);
   }
+  if (r == TCC_OK) r = steps->after(comm, &prev, err);
   return r;
 }
 
-/* The cross-host job of a float32 (or any type reducing in its own type)
- * segment: this rank's part of it allreduced with the ranks of its local
+/* The cross-host part of a segment of an allreduce whose phases reduce in
+ * its own type: this rank's part allreduced with the ranks of its local
  * index on the other hosts, then averaged if AVG (the sum is complete). */
 static tcc_result_t allreduce_across(tcc_comm_t *comm, const tcc__hier_job_t *j, void **parts, tcc_err_t *err) {
   (void)parts;
@@ -201,6 +201,7 @@ static tcc_result_t allreduce_across(tcc_comm_t *comm, const tcc__hier_job_t *j,
   if (r == TCC_OK) average(comm, j->sum, mine, j->len);
   return r;
 }
+
 static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
                                         tcc_err_t *err) {
   const tcc__topology_t *t = comm->topo;
@@ -209,8 +210,10 @@ static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, u
   const size_t es = tcc_dtype_size(c->dtype), shard = c->count / (size_t)L, main = shard * (size_t)L;
   tcc_result_t r = TCC_OK;
   if (shard > 0) {
-    const tcc__hier_job_t whole = {.run = allreduce_across, .out = c, .sum = c, .seq = seq, .deadline = deadline};
-    r = tcc__hier_shards_in_segments(comm, &whole, shard, err);
+    static const hier_steps_t steps = {tcc__hier_shard_reduce_scatter, allreduce_across, tcc__hier_shard_allgather};
+    const tcc__hier_job_t whole = {.out = c, .sum = c, .first = (size_t)local->rank * shard, .shard = shard,
+                                   .seq = seq, .deadline = deadline};
+    r = tcc__hier_in_segments(comm, &steps, &whole, shard, hier_segment_count(main * es), err);
   }
   /* The count % L elements left: the same order, host first. */
   if (r == TCC_OK && main < c->count) {

@@ -84,8 +84,11 @@ static tcc_result_t by_shards(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_c
   const size_t es = tcc_dtype_size(c->dtype);
   tcc_result_t r = TCC_OK;
   if (shard > 0) {
-    const tcc__hier_job_t whole = {.run = segment_across_hosts, .out = c, .sum = w, .seq = seq, .deadline = deadline};
-    r = tcc__hier_shards_in_segments(comm, &whole, shard, err);
+    static const hier_steps_t steps = {tcc__hier_shard_reduce_scatter, segment_across_hosts,
+                                       tcc__hier_shard_allgather};
+    const tcc__hier_job_t whole = {.out = c, .sum = w, .first = (size_t)comm->topo->local->rank * shard,
+                                   .shard = shard, .seq = seq, .deadline = deadline};
+    r = tcc__hier_in_segments(comm, &steps, &whole, shard, hier_segment_count(main * sizeof(float)), err);
   }
   if (r == TCC_OK && main < c->count) {
     float *tail = (float *)w->recv + main;

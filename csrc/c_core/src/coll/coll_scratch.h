@@ -50,8 +50,8 @@ typedef struct tcc__coll_scratch {
 
 /* hier_pipe.c: a thread that runs posted jobs, one at a time, while the
  * thread that posted them runs the host phases. A job is the cross-host
- * part of one segment of a hierarchical allreduce (coll_hier.c,
- * coll_hier_half.c). */
+ * part of one segment of a hierarchical allreduce (tcc__hier_in_segments
+ * in coll_hier.c). */
 typedef struct tcc__hier_pipe tcc__hier_pipe_t;
 typedef struct tcc__hier_job tcc__hier_job_t;
 /* Runs `job` on comm; `parts` holds comm->size pointers for its own use. */
@@ -63,11 +63,15 @@ struct tcc__hier_job {
    * copy): both stay valid until the caller has waited for the job */
   const tcc_coll_t *out, *sum;
   size_t first, len; /* the segment of the vector, in elements */
+  size_t shard;      /* even hosts: elements of each local rank's shard */
   uint64_t seq;
   int64_t deadline;
 };
 /* The communicator's pipe, started on first use (NULL: no thread). */
 tcc__hier_pipe_t *tcc__hier_pipe_of(tcc_comm_t *comm);
+/* Tests: while set, this process gets no pipe, as if its thread could not
+ * be started. */
+extern atomic_bool tcc__hier_pipe_refused;
 /* Hands a copy of `job` to the pipe's thread (nothing else in flight). */
 void tcc__hier_pipe_post(tcc__hier_pipe_t *p, const tcc__hier_job_t *job);
 /* Waits for the posted job: its result, its message into err on failure. */

@@ -61,16 +61,37 @@ static inline tcc_result_t out_of_memory(const tcc_comm_t *comm, const tcc_coll_
  * host phases of its neighbours. */
 #define HIER_SEGMENT_BYTES (4u << 20)
 
-/* coll_hier.c: the main part of an allreduce on even hosts, `shard`
- * elements per local rank: for each segment (whole's first and len set to
- * it, first counted from the vector's start), the host's ranks
- * reduce-scatter whole->sum, whole->run finishes this rank's part across
- * hosts into whole->out, and the host's ranks all-gather whole->out. From
- * two segments on, run goes on the pipe's thread, the host phases of the
- * next and previous segments around it (RS 0, RS 1, AG 0, RS 2, AG 1, ...,
- * the same order on every rank of a host whatever the timing). */
-tcc_result_t tcc__hier_shards_in_segments(tcc_comm_t *comm, const tcc__hier_job_t *whole, size_t shard,
-                                          tcc_err_t *err);
+/* How many segments an allreduce of `bytes` (in the type its phases
+ * reduce in) runs in. */
+static inline size_t hier_segment_count(size_t bytes) {
+  return bytes >= 2 * HIER_SEGMENT_BYTES ? (bytes + HIER_SEGMENT_BYTES - 1) / HIER_SEGMENT_BYTES : 1;
+}
+
+/* One segment's steps of a hierarchical allreduce: `before` and `after`
+ * are phases of the host's ranks, `across` (NULL: none on this rank) the
+ * cross-host part between them. */
+typedef struct hier_steps {
+  tcc_result_t (*before)(tcc_comm_t *comm, const tcc__hier_job_t *seg, tcc_err_t *err);
+  tcc__hier_job_fn across;
+  tcc_result_t (*after)(tcc_comm_t *comm, const tcc__hier_job_t *seg, tcc_err_t *err);
+} hier_steps_t;
+
+/* coll_hier.c: runs `steps` on `span` elements from whole->first in
+ * `nseg` segments (whole's first and len set to each). The host's phases
+ * go in one order on every rank of a host, whatever the timing and
+ * whether it has an `across`: before 0, before 1, after 0, before 2,
+ * after 1, ..., after the last. From two segments on, `across` of segment
+ * k runs on the pipe's thread between before k+1 and after k-1, so the
+ * link and shared memory work at the same time (in line, at the same
+ * point, where the thread cannot be had). */
+tcc_result_t tcc__hier_in_segments(tcc_comm_t *comm, const hier_steps_t *steps, const tcc__hier_job_t *whole,
+                                   size_t span, size_t nseg, tcc_err_t *err);
+
+/* coll_hier.c: the host phases of an allreduce on even hosts (whole->shard
+ * elements per local rank): the host's ranks reduce-scatter whole->sum
+ * and all-gather whole->out. */
+tcc_result_t tcc__hier_shard_reduce_scatter(tcc_comm_t *comm, const tcc__hier_job_t *seg, tcc_err_t *err);
+tcc_result_t tcc__hier_shard_allgather(tcc_comm_t *comm, const tcc__hier_job_t *seg, tcc_err_t *err);
 
 /* coll_hier_half.c: float16/bfloat16 allreduce in float32 phases, rounded
  * once; and whether that puts fewer bytes on the busiest host link than

@@ -1,7 +1,7 @@
 /*
  * hier_pipe.c - a thread that runs one job at a time of a hierarchical
- * allreduce (the cross-host phases of a segment: coll_hier.c,
- * coll_hier_half.c) while the thread that posted it runs other phases, so
+ * allreduce (the cross-host phases of a segment, scheduled by
+ * tcc__hier_in_segments) while the thread that posted it runs other phases, so
  * the link and shared memory work at the same time. Posts and waits
  * alternate: one job in flight at most. The job's phases run on the
  * cross-host view, whose scratch is its own; `parts` spares it the
@@ -45,8 +45,11 @@ static void *pipe_main(void *arg) {
   return NULL;
 }
 
+atomic_bool tcc__hier_pipe_refused;
+
 tcc__hier_pipe_t *tcc__hier_pipe_of(tcc_comm_t *comm) {
   tcc__coll_scratch_t *s = coll_scratch_of(comm);
+  if (atomic_load_explicit(&tcc__hier_pipe_refused, memory_order_relaxed)) return NULL;
   if (s->pipe) return s->pipe;
   tcc__hier_pipe_t *p = calloc(1, sizeof *p);
   void **parts = calloc((size_t)comm->size, sizeof *parts);
