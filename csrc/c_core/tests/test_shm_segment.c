@@ -5,6 +5,9 @@
  *     a wrong mode, owner or secret, a size the header does not state,
  *     pages not reserved, an object never completed) are refused with a
  *     clear error, promptly, without a crash;
+ *   - rank 0's lock is judged only once the object has a size: a rank 0
+ *     that locks and grows it just after a waiting rank looked is not taken
+ *     for dead, one that dies just after the look is, within a poll;
  *   - the shm transport's header is checked field by field against the
  *     layout recomputed from rank 0's published tunables, which win over
  *     this rank's own environment;
@@ -217,6 +220,83 @@ static void test_planted_objects(void) {
   char ack[80];
   snprintf(ack, sizeof ack, "%s.1", id.name);
   CHECK(!name_exists(id.name) && !name_exists(ack), "the signal and its acknowledgement are left behind");
+}
+
+/* ---- rank 0's lock, at the moment it is looked at ------------------------- */
+
+/* The test plays rank 0 through its own descriptor: an open-file-description
+ * lock taken on it conflicts with the waiting rank's descriptor even within
+ * one process. */
+static int slow_creator = -1;
+static int lock_looks;
+
+static void lock_byte0(int fd) {
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  CHECK(fcntl(fd, F_OFD_SETLK, &fl) == 0, "lock byte 0: %s", strerror(errno));
+}
+
+/* Rank 0 between its exclusive creation and its lock, then done with both
+ * (locked, first page reserved, not ready) the moment the lock is looked
+ * at: a look at the lock taken before the object had a size would now find
+ * the object grown and rank 0 seemingly gone. */
+static void lock_and_grow_at_look(void) {
+  if (lock_looks++ > 0) return;
+  lock_byte0(slow_creator);
+  CHECK(posix_fallocate(slow_creator, 0, TCC_SEGMENT_HEAD_BYTES) == 0, "reserve the head");
+}
+
+/* Rank 0 dies right after a look found it alive. */
+static void die_at_look(void) {
+  if (lock_looks++ == 0) tcc__fd_close(slow_creator);
+}
+
+static void test_lock_looks(void) {
+  printf("rank 0's lock, at the moment it is looked at:\n");
+  tcc_segment_id_t id;
+  char msg[TCC_ERRLEN];
+  double secs;
+
+  /* Created, not yet locked: rank 0 is alive, and slow. Rank 1 waits for
+   * it and times out; it never calls it dead. */
+  fresh_id("", &id);
+  slow_creator = shm_open(id.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  CHECK(slow_creator >= 0, "create: %s", strerror(errno));
+  lock_looks = 0;
+  tcc__segment_lock_looked = lock_and_grow_at_look;
+  tcc_result_t r = open_rank1(&id, 300, msg, &secs);
+  CHECK(r == TCC_ERR_TIMEOUT && strstr(msg, "never became a complete segment"),
+        "a slow rank 0 taken for dead: %s", msg);
+  printf("  %-22s %s\n", "slow to lock", msg);
+  /* Where no look came while the object was empty, rank 0 gets there now:
+   * locked and sized, it is waited for as well. */
+  if (lock_looks == 0) {
+    lock_and_grow_at_look();
+    r = open_rank1(&id, 300, msg, &secs);
+    CHECK(r == TCC_ERR_TIMEOUT && strstr(msg, "never became a complete segment"),
+          "a locked rank 0 taken for dead: %s", msg);
+  }
+  shm_unlink(id.name);
+  close(slow_creator);
+
+  /* Locked and sized, not ready; it dies after the first look. */
+  fresh_id("", &id);
+  slow_creator = shm_open(id.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  CHECK(slow_creator >= 0, "create: %s", strerror(errno));
+  lock_byte0(slow_creator);
+  CHECK(posix_fallocate(slow_creator, 0, TCC_SEGMENT_HEAD_BYTES) == 0, "reserve the head");
+  lock_looks = 0;
+  tcc__segment_lock_looked = die_at_look;
+  r = open_rank1(&id, 5000, msg, &secs);
+  CHECK(r == TCC_ERR_REMOTE && strstr(msg, "rank 0 exited during shared-memory setup") && strstr(msg, "before it was ready"),
+        "rank 0 died after a look: %s", msg);
+  CHECK(lock_looks >= 2 && secs < 1.0, "rank 0 died after a look: found after %d looks, %.2f s", lock_looks, secs);
+  printf("  %-22s %s\n", "dies after a look", msg);
+  tcc__segment_lock_looked = NULL;
+  /* The finder left its orphan signal, which rank 1 acknowledged as the
+   * last rank: nothing stays. */
+  char ack[80];
+  snprintf(ack, sizeof ack, "%s.1", id.name);
+  CHECK(!name_exists(id.name) && !name_exists(ack), "the orphan signal and its acknowledgement are left behind");
 }
 
 /* ---- the transport's header ----------------------------------------------- */
@@ -479,6 +559,7 @@ int main(void) {
   test_names();
   test_round_trip();
   test_planted_objects();
+  test_lock_looks();
   test_transport_header();
   int failed = test_small_shm();
   printf("test_shm_segment: %s\n", failed || check_failures ? "FAILED" : "ok");

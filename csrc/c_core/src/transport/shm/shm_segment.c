@@ -80,6 +80,8 @@ static bool creator_gone(int fd) {
   return fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK;
 }
 
+void (*tcc__segment_lock_looked)(void);
+
 /* ---- names and secrets ------------------------------------------------ */
 
 /* SipHash-2-4 of one 64-bit word, keyed by the token: a keyed one-way
@@ -411,18 +413,25 @@ static tcc_result_t map_ready(int fd, const head_copy_t *hc, const tcc_segment_i
  * *checked_ns: when rank 0's lock was last looked at. */
 static tcc_result_t inspect(int fd, const tcc_segment_id_t *id, int rank, int n, const char *who, void **base,
                             size_t *bytes, int64_t *checked_ns, tcc_err_t *err) {
-  /* Looked at before the object itself: rank 0 writes any failure signal
-   * before its lock goes, so a free lock and then no signal means death. */
+  /* The lock means something only once the object has a size: rank 0 sets
+   * none before it holds the lock, so a lock looked at before any size was
+   * seen may just not be taken yet (a look that then found the object
+   * grown took a live rank 0 for a dead one). Once it counts, the object
+   * is looked at again after it: rank 0 writes any failure signal before
+   * its lock goes, so a free lock and then no signal means death. */
   bool gone = false;
-  const int64_t now = tcc__now_ns();
-  if (now - *checked_ns >= CHECK_EVERY_NS) {
-    *checked_ns = now;
-    gone = creator_gone(fd);
-  }
-  static const char before_ready[] = "before it was ready";
   struct stat sb;
   if (fstat(fd, &sb) != 0)
     return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: fstat of %s failed: %s", who, id->name, strerror(errno));
+  const int64_t now = tcc__now_ns();
+  if (sb.st_size > 0 && now - *checked_ns >= CHECK_EVERY_NS) {
+    *checked_ns = now;
+    gone = creator_gone(fd);
+    if (tcc__segment_lock_looked) tcc__segment_lock_looked();
+    if (gone && fstat(fd, &sb) != 0)
+      return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: fstat of %s failed: %s", who, id->name, strerror(errno));
+  }
+  static const char before_ready[] = "before it was ready";
   tcc_result_t r = check_owner_and_mode(fd, &sb, id, rank, n, who, err);
   if (r != TCC_ERR_INPROGRESS) return r;
   /* Rank 0 creates it empty, then reserves the first page, which sets the

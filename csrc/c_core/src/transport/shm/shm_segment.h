@@ -91,6 +91,10 @@ tcc_result_t tcc__segment_open(const tcc_segment_id_t *id, int rank, int n, int6
 tcc_result_t tcc__segment_attach(void *base, int fd, const tcc_segment_id_t *id, int rank, int n, int64_t deadline,
                                 const char *who, int *attached, tcc_err_t *err);
 
+/* Test switch: when set, tcc__segment_open calls it right after each look
+ * at rank 0's lock, so a test can act at that moment as rank 0 would. */
+extern void (*tcc__segment_lock_looked)(void);
+
 /* ---- reaping (shm_reap.c) ---------------------------------------------- */
 
 /* How old (by mtime) an unlocked object must be before it is removed.
