@@ -15,6 +15,9 @@ Layers, each timed in the conventions of bench/bench_collectives.py
             compiled code calls
   c10d      dist.all_reduce(t), eager c10d
   gloo      dist.all_reduce(t) on a gloo group, for reference
+  floor     torch.ops.aten.clone + wait_tensor on its result (no work behind
+            it): what torch itself costs for the two op calls funcol makes,
+            the lowest a backend's funcol time can be
 Each layer's "above core" column is its time minus the core's: what the
 layers above the core add. Every result is checked.
 
@@ -67,7 +70,7 @@ def rank_main(rank: int, world: int, calls: int, out_path: str) -> None:
     store = dist.PrefixStore("layers-comm", dist.distributed_c10d._get_default_store())
     comm = torchcomm_backend.new_comm("tccomm", torch.device("cpu"), store=store)
     group_name = dist.group.WORLD.group_name
-    want = float(world * (world + 1) // 2)
+    want = float(world * (world + 1) // 2)  # the sum of every rank's rank + 1
     ops = torch.ops._c10d_functional
 
     def c10d(t):
@@ -85,8 +88,13 @@ def rank_main(rank: int, world: int, calls: int, out_path: str) -> None:
         comm.all_reduce(t, torchcomm_backend.ReduceOp.SUM, async_op=False)
         return t
 
+    def floor(t):
+        return ops.wait_tensor(torch.ops.aten.clone(t))
+
     rows = []
-    for name, call in [("torchcomm", torchcomm), ("funcol", funcol), ("c10d", c10d), ("gloo", gloo_call)]:
+    layers = [("torchcomm", torchcomm, want), ("funcol", funcol, want), ("c10d", c10d, want),
+              ("gloo", gloo_call, want), ("floor", floor, float(rank + 1))]
+    for name, call, want in layers:
         n = calls // 10 if name == "gloo" else calls  # gloo is ~10x slower
         for _ in range(WARMUP // (10 if name == "gloo" else 1)):
             got = call(torch.full((2,), float(rank + 1)))
