@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,10 +107,15 @@ static tcc_comm_t *new_comm(rank_ctx_t *t, int64_t timeout_ms) {
   return comm;
 }
 
-static tcc_result_t setup(rank_ctx_t *t, tcc_endpoint_t *ep, int64_t timeout_ms,
-                          tcc_err_t *err) {
+/* machines > 0: rank j's blob claims to come from machine j % machines
+ * (its boot id), as ranks on other machines' kernels would. */
+static tcc_result_t setup_on(rank_ctx_t *t, tcc_endpoint_t *ep, int64_t timeout_ms, int machines,
+                             tcc_err_t *err) {
   tcc_blob_t blobs[MAXN];
-  for (int j = 0; j < t->n; j++) memcpy(&blobs[j], t->sh->blobs[j], sizeof(tcc_blob_t));
+  for (int j = 0; j < t->n; j++) {
+    memcpy(&blobs[j], t->sh->blobs[j], sizeof(tcc_blob_t));
+    if (machines > 0) snprintf(blobs[j].boot_id, sizeof blobs[j].boot_id, "machine-%d", j % machines);
+  }
   t->comm = new_comm(t, timeout_ms);
   memset(err, 0, sizeof(*err));
   tcc_result_t r = tcc__tcp_setup(t->comm, ep, blobs, err);
@@ -117,6 +123,10 @@ static tcc_result_t setup(rank_ctx_t *t, tcc_endpoint_t *ep, int64_t timeout_ms,
   CHECK(ep->listen_fd == -1, "rank %d: setup left the listening socket open", t->rank);
   tcc_endpoint_close(ep);
   return r;
+}
+
+static tcc_result_t setup(rank_ctx_t *t, tcc_endpoint_t *ep, int64_t timeout_ms, tcc_err_t *err) {
+  return setup_on(t, ep, timeout_ms, 0, err);
 }
 
 static void teardown(rank_ctx_t *t) {
@@ -633,6 +643,33 @@ static void full_group(rank_ctx_t *t) {
   if (t->comm) teardown(t);
 }
 
+/* Waits poll without sleeping for a while only where the ranks on this
+ * rank's machine (boot id) have a CPU each (core/cpu_share.h); the
+ * collectives are right either way. */
+static int machines_of_group;
+
+static void machines_group(rank_ctx_t *t) {
+  tcc_endpoint_t *ep = publish_endpoint(t);
+  if (!ep) return;
+  barrier(t);
+  tcc_err_t err;
+  const int machines = machines_of_group;
+  tcc_result_t r = setup_on(t, ep, 10000, machines, &err);
+  CHECK(r == TCC_OK, "rank %d: setup: %s", t->rank, err.msg);
+  if (r != TCC_OK) return;
+  int mates = 0;
+  for (int q = 0; q < t->n; q++) mates += q % machines == t->rank % machines;
+  cpu_set_t allowed;
+  const int cpus = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
+  CHECK(t->comm->cpu_share.spin_while_away == (cpus > 0 && mates <= cpus),
+        "rank %d: %d rank(s) on its machine, %d CPU(s): spin_while_away %d", t->rank, mates, cpus,
+        t->comm->cpu_share.spin_while_away);
+  test_allreduce(t);
+  test_reduce_scatter(t);
+  test_alltoall(t);
+  teardown(t);
+}
+
 /* Rank 2 publishes its endpoint but never sets up. */
 static void setup_timeout_group(rank_ctx_t *t) {
   tcc_endpoint_t *ep = publish_endpoint(t);
@@ -689,6 +726,11 @@ int main(void) {
 
   int failed = 0;
   for (int n = 1; n <= MAXN; n++) failed += run_group("collectives, p2p, failures", n, full_group);
+  for (machines_of_group = 1; machines_of_group <= MAXN; machines_of_group *= 2) {
+    char what[64];
+    snprintf(what, sizeof what, "waits: %d machine(s)", machines_of_group);
+    failed += run_group(what, MAXN, machines_group);
+  }
   failed += run_group("setup: missing rank", 3, setup_timeout_group);
   failed += run_group("setup: connection refused", 2, setup_refused_group);
   CHECK(failed == 0, "%d rank(s) failed", failed);

@@ -9,12 +9,14 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "coll/stream_xfer.h"
 
 #define WAIT_SLICE_MS 100 /* how often a waiting rank looks at `aborted` */
+#define SPIN_BACKOFF_WAITS 64
 #define SLOT_BUDGET (16u << 20) /* all slots of one reduction together */
 #define SEG_MIN (32u << 10)
 #define SEG_MAX (1u << 20)
@@ -244,10 +246,36 @@ static tcc_result_t fail_aborted(const stream_xfer_t *x, tcc_err_t *err) {
   return tcc__err_set(err, TCC_ERR_ABORTED, "%s: interrupted during %s: %.300s", pre, x->phase, cause);
 }
 
+/* Whether this thread was preempted since it last asked. */
+static bool thread_preempted(void) {
+  static _Thread_local long seen;
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru) != 0) return false;
+  const bool more = ru.ru_nivcsw > seen;
+  seen = ru.ru_nivcsw;
+  return more;
+}
+
 tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err_t *err) {
   tcc_comm_t *comm = x->comm;
   tcc__coll_scratch_t *sc = coll_scratch_of(comm);
   bool moved = true; /* first poll only looks, it does not sleep */
+  /* While the group's ranks have a CPU each, a transfer polls without
+   * sleeping for its first TCC_CPU_AWAY_SPIN_NS: a small op done by then
+   * costs no wake-up of a sleeping thread (core/cpu_share.h); a large one
+   * then sleeps between its events, as before. A spin that saw nothing at
+   * all, or a thread preempted since its last transfer (CPUs shared with
+   * other processes, where a spinning rank is the one the scheduler makes
+   * wait), shows that spinning does not pay now: the next
+   * SPIN_BACKOFF_WAITS transfers sleep at once. */
+  bool spin = comm->cpu_share.spin_while_away && sc->spin_backoff == 0;
+  if (sc->spin_backoff > 0) sc->spin_backoff--;
+  if (spin && thread_preempted()) {
+    spin = false;
+    sc->spin_backoff = SPIN_BACKOFF_WAITS;
+  }
+  const int64_t spin_until = tcc__now_ns() + TCC_CPU_AWAY_SPIN_NS;
+  bool spin_saw_progress = false;
   for (;;) {
     while (reducer_ready(x)) {
       reducer_step(x);
@@ -277,7 +305,12 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
     }
     /* Rounded up without adding to deadline_ns, which may be INT64_MAX. */
     int64_t left_ms = (deadline_ns - now - 1) / 1000000 + 1;
-    int timeout = moved ? 0 : (int)(left_ms < WAIT_SLICE_MS ? left_ms : WAIT_SLICE_MS);
+    if (spin && now >= spin_until) {
+      spin = false;
+      if (!spin_saw_progress) sc->spin_backoff = SPIN_BACKOFF_WAITS;
+    }
+    const bool look_only = moved || spin;
+    int timeout = look_only ? 0 : (int)(left_ms < WAIT_SLICE_MS ? left_ms : WAIT_SLICE_MS);
     int rc = comm->ops->streams->poll(comm, npeers, sc->poll_peers, sc->poll_events, sc->poll_revents, timeout);
     if (rc < 0 && errno != EINTR)
       return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: poll failed: %s", comm->ops->name, strerror(errno));
@@ -297,5 +330,6 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
       }
       if (r != TCC_OK) return r;
     }
+    spin_saw_progress |= spin && moved;
   }
 }

@@ -395,6 +395,19 @@ static void mesh_free(mesh_t *m) {
   free(m->pfd_conn);
 }
 
+/* How waits treat CPUs (core/cpu_share.h), from the ranks that run on this
+ * machine's CPUs: those with this rank's boot id, whatever their hostname
+ * (hosts simulated in namespaces, containers, share one kernel's CPUs). */
+static void share_cpus_with_machine_mates(tcc_comm_t *comm, const tcc_blob_t *blobs) {
+  const char *mine = blobs[comm->rank].boot_id;
+  int mates = 0;
+  for (int q = 0; q < comm->size; q++)
+    mates += strncmp(blobs[q].boot_id, mine, sizeof blobs[q].boot_id) == 0;
+  char why[160];
+  tcc__cpu_share_init(&comm->cpu_share, mates, why, sizeof why);
+  TCC_LOG_INFO(comm->rank, "communicator '%s' over TCP: %s", comm->name, why);
+}
+
 tcc_result_t tcc__tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs,
                            tcc_err_t *err) {
   int n = comm->size, me = comm->rank;
@@ -439,5 +452,6 @@ tcc_result_t tcc__tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob
   }
   comm->transport_state = st;
   comm->ops = &tcc__tcp_transport_ops;
+  share_cpus_with_machine_mates(comm, blobs);
   return TCC_OK;
 }
