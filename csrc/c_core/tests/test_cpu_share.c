@@ -1,9 +1,11 @@
 /*
  * test_cpu_share.c - waiting when CPUs are shared (core/cpu_share.h,
  * core/idle_wait.h): which waits spin on and which may move, that a move
- * leaves the CPU and restores the affinity exactly, and that spinning on
- * still ends at a deadline or a failure.
+ * leaves the CPU and restores the affinity exactly, that spinning on
+ * still ends at a deadline or a failure, and when the spin gate of waits
+ * that cannot see their peer's CPU (TCP) lets them spin.
  */
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -154,9 +156,78 @@ static void test_spin_on_ends(void) {
   CHECK(tcc__idle_wait(&w) == TCC_OK, "ready at once");
 }
 
+/* The spin gate: shut where ranks outnumber CPUs; after a spin that saw
+ * nothing, shut for exactly TCC_SPIN_BACKOFF_WAITS waits; and shut after
+ * the waiting thread lost a time slice to another thread on its CPU,
+ * which is what a busy process does to a spinning rank. */
+static atomic_int hog_stop;
+
+static void *hog(void *arg) {
+  (void)arg;
+  while (!atomic_load(&hog_stop)) tcc_cpu_relax();
+  return NULL;
+}
+
+static void spin_for_ns(int64_t ns) {
+  const int64_t until = tcc__now_ns() + ns;
+  while (tcc__now_ns() < until) tcc_cpu_relax();
+}
+
+static void test_spin_gate(void) {
+  cpu_set_t set;
+  const int cpus = allowed_cpus(&set);
+  char why[160];
+  tcc__cpu_share_t crowded, roomy;
+  tcc__cpu_share_init(&crowded, cpus + 1, why, sizeof why);
+  tcc__cpu_share_init(&roomy, 1, why, sizeof why);
+
+  tcc__spin_gate_t g = {0};
+  for (int i = 0; i < 3; i++) CHECK(!tcc__spin_gate_open(&g, &crowded), "gate open with more ranks than CPUs");
+  CHECK(g.backoff == 0, "a crowded group's waits left a backoff of %d", g.backoff);
+
+  tcc__spin_gate_missed(&g);
+  for (int i = 0; i < TCC_SPIN_BACKOFF_WAITS; i++)
+    CHECK(!tcc__spin_gate_open(&g, &roomy), "gate open at wait %d of the backoff after a missed spin", i + 1);
+  /* Next it opens, unless this thread was preempted for long meanwhile
+   * (a loaded machine), which starts a new backoff. */
+  const bool open = tcc__spin_gate_open(&g, &roomy);
+  CHECK(open || g.backoff == TCC_SPIN_BACKOFF_WAITS, "after the backoff: open %d, backoff %d", open, g.backoff);
+
+  /* A thread that spins on a CPU another thread also wants loses time
+   * slices to it. */
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &set)) cpu++;
+  CPU_SET(cpu, &one);
+  if (sched_setaffinity(0, sizeof one, &one) != 0) {
+    fprintf(stderr, "test_cpu_share: preempted gate not tested: this thread may not set its CPU affinity\n");
+    return;
+  }
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setaffinity_np(&attr, sizeof one, &one);
+  pthread_t h;
+  atomic_store(&hog_stop, 0);
+  CHECK(pthread_create(&h, &attr, hog, NULL) == 0, "hog thread");
+  pthread_attr_destroy(&attr);
+  g.backoff = 0;
+  (void)tcc__spin_gate_open(&g, &roomy); /* the thread's times as they are now */
+  g.backoff = 0;
+  spin_for_ns(100 * 1000000LL); /* 100 ms of wall time on a CPU shared with the hog */
+  const bool open_after_sharing = tcc__spin_gate_open(&g, &roomy);
+  atomic_store(&hog_stop, 1);
+  pthread_join(h, NULL);
+  CHECK(sched_setaffinity(0, sizeof set, &set) == 0, "affinity restored");
+  CHECK(!open_after_sharing && g.backoff == TCC_SPIN_BACKOFF_WAITS,
+        "gate after 100 ms on a CPU shared with a spinning thread: open %d, backoff %d", open_after_sharing,
+        g.backoff);
+}
+
 int main(void) {
   test_decisions();
   test_moves();
   test_spin_on_ends();
+  test_spin_gate();
   CHECK_DONE();
 }

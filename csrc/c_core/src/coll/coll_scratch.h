@@ -36,8 +36,8 @@ typedef struct tcc__coll_scratch {
   int *poll_peers;
   short *poll_events;
   short *poll_revents;
-  /* waits left that sleep at once: a spin that found nothing backs off */
-  int spin_backoff;
+  /* whether transfers poll before they sleep (core/cpu_share.h) */
+  tcc__spin_gate_t spin_gate;
   /* hierarchical algorithms: partial results between phases, grown as
    * needed and kept (a fresh buffer per op would fault every page in) */
   void *partials;

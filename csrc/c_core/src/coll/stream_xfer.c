@@ -9,14 +9,12 @@
  */
 #include <errno.h>
 #include <stdio.h>
-#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "coll/stream_xfer.h"
 
 #define WAIT_SLICE_MS 100 /* how often a waiting rank looks at `aborted` */
-#define SPIN_BACKOFF_WAITS 64
 #define SLOT_BUDGET (16u << 20) /* all slots of one reduction together */
 #define SEG_MIN (32u << 10)
 #define SEG_MAX (1u << 20)
@@ -246,34 +244,15 @@ static tcc_result_t fail_aborted(const stream_xfer_t *x, tcc_err_t *err) {
   return tcc__err_set(err, TCC_ERR_ABORTED, "%s: interrupted during %s: %.300s", pre, x->phase, cause);
 }
 
-/* Whether this thread was preempted since it last asked. */
-static bool thread_preempted(void) {
-  static _Thread_local long seen;
-  struct rusage ru;
-  if (getrusage(RUSAGE_THREAD, &ru) != 0) return false;
-  const bool more = ru.ru_nivcsw > seen;
-  seen = ru.ru_nivcsw;
-  return more;
-}
-
 tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err_t *err) {
   tcc_comm_t *comm = x->comm;
   tcc__coll_scratch_t *sc = coll_scratch_of(comm);
   bool moved = true; /* first poll only looks, it does not sleep */
-  /* While the group's ranks have a CPU each, a transfer polls without
-   * sleeping for its first TCC_CPU_AWAY_SPIN_NS: a small op done by then
-   * costs no wake-up of a sleeping thread (core/cpu_share.h); a large one
-   * then sleeps between its events, as before. A spin that saw nothing at
-   * all, or a thread preempted since its last transfer (CPUs shared with
-   * other processes, where a spinning rank is the one the scheduler makes
-   * wait), shows that spinning does not pay now: the next
-   * SPIN_BACKOFF_WAITS transfers sleep at once. */
-  bool spin = comm->cpu_share.spin_while_away && sc->spin_backoff == 0;
-  if (sc->spin_backoff > 0) sc->spin_backoff--;
-  if (spin && thread_preempted()) {
-    spin = false;
-    sc->spin_backoff = SPIN_BACKOFF_WAITS;
-  }
+  /* A transfer may poll without sleeping for its first
+   * TCC_CPU_AWAY_SPIN_NS: a small op done by then costs no wake-up of a
+   * sleeping thread; a large one then sleeps between its events, as
+   * before (core/cpu_share.h says when a spin is allowed). */
+  bool spin = tcc__spin_gate_open(&sc->spin_gate, &comm->cpu_share);
   const int64_t spin_until = tcc__now_ns() + TCC_CPU_AWAY_SPIN_NS;
   bool spin_saw_progress = false;
   for (;;) {
@@ -307,7 +286,7 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
     int64_t left_ms = (deadline_ns - now - 1) / 1000000 + 1;
     if (spin && now >= spin_until) {
       spin = false;
-      if (!spin_saw_progress) sc->spin_backoff = SPIN_BACKOFF_WAITS;
+      if (!spin_saw_progress) tcc__spin_gate_missed(&sc->spin_gate);
     }
     const bool look_only = moved || spin;
     int timeout = look_only ? 0 : (int)(left_ms < WAIT_SLICE_MS ? left_ms : WAIT_SLICE_MS);

@@ -56,6 +56,26 @@ void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t
  * whichever groups it waits in). */
 void tcc__cpu_share_after_wait(const tcc__cpu_share_t *s, bool shared);
 
+/* Spinning for peers whose CPU cannot be seen (TCP streams): a wait may
+ * poll without sleeping for its first TCC_CPU_AWAY_SPIN_NS while the
+ * ranks sharing this machine have a CPU each. A spin that saw nothing, or
+ * a thread preempted since its last wait (CPUs shared with other
+ * processes, where the spinning rank is the one the scheduler makes
+ * wait), shows that spinning does not pay now: the next
+ * TCC_SPIN_BACKOFF_WAITS waits sleep at once. One gate per waiting
+ * thread and kind of wait; it is not thread-safe. */
+#define TCC_SPIN_BACKOFF_WAITS 64
+
+typedef struct tcc__spin_gate {
+  int backoff; /* waits left that sleep at once */
+} tcc__spin_gate_t;
+
+/* At the start of a wait: whether it may spin. */
+bool tcc__spin_gate_open(tcc__spin_gate_t *g, const tcc__cpu_share_t *s);
+
+/* A spin ran its time out without seeing progress. */
+void tcc__spin_gate_missed(tcc__spin_gate_t *g);
+
 /* Moves this thread made, and the CPUs of the last one (for tests). */
 int tcc__cpu_moves(int *from, int *to);
 

@@ -36,8 +36,11 @@
  * for collectives, submitting does not wake it otherwise: a wake per
  * message costs more than the message (8 B round trip at 2 ranks over
  * shared memory: about 8 us with it, 2 us without). It polls every
- * P2P_POLL_NS for P2P_POLL_WINDOW_NS after the last submit, then sleeps
- * until a submit wakes it.
+ * P2P_POLL_NS for P2P_POLL_WINDOW_NS after the last submit, waiters
+ * running rounds or not, then sleeps until a submit wakes it. (Sleeping
+ * until signalled whenever a waiter ran made the next submit wake it: a
+ * wake-up per message again, each preempting a rank: 8 B round trip at 2
+ * ranks 2.2-2.9 us over shared memory, 1.2-1.6 us once it polled.)
  */
 #ifndef TCC_HOST_HOST_H
 #define TCC_HOST_HOST_H
@@ -100,6 +103,7 @@ struct tcc_engine {
   int p2p_waiter_runs; /* a waiter holds p2p_progress; stop waits until it is out */
   int p2p_round_runs;  /* ... a submitter's or poller's single round (tcc__host_p2p_round_now) */
   bool *waiter_want_write; /* the waiter's per-peer write interest (under p2p_progress) */
+  tcc__spin_gate_t waiter_spin_gate; /* whether a waiter spins where peers' CPUs are unknown (under p2p_progress) */
   int coll_deep_sleep;      /* the collective thread sleeps until signalled */
   int64_t last_submit_ns;   /* last collective submitted (tcc__now_ns) */
   pthread_t coll_thread, p2p_thread;

@@ -406,11 +406,18 @@ static ssize_t p2p_round(tcc_comm_t *comm, bool *want_write) { return p2p_round_
  * stream is ready, new work is notified, or `max_ns` (at most 50 ms).
  * A waiter for one peer (`peer` not TCC_ANY_SOURCE) that runs on another
  * CPU spins on instead of yielding, up to TCC_CPU_AWAY_SPIN_NS from the
- * first yield it would have made (core/cpu_share.h). */
+ * first yield it would have made (core/cpu_share.h).
+ * Where the transport cannot tell a peer's CPU (TCP) but the machine's
+ * ranks have a CPU each, a waiter for one peer spins for
+ * TCC_CPU_AWAY_SPIN_NS when the engine's spin gate let it (`blind`), and
+ * otherwise, or once that ran out, sleeps at once: a yield would hand
+ * the CPU to another process for a time slice, while a sleeping waiter is
+ * woken as soon as its bytes arrive. */
 typedef struct p2p_idle {
   int rounds;            /* idle rounds since bytes last moved */
   int64_t away_until_ns; /* end of spinning on; 0: not begun */
   bool shared_cpu;       /* the peer was seen on this CPU */
+  bool blind;            /* may spin without knowing where the peer runs */
 } p2p_idle_t;
 
 static bool spin_on(tcc_comm_t *comm, p2p_idle_t *idle, int peer) {
@@ -426,21 +433,39 @@ static bool spin_on(tcc_comm_t *comm, p2p_idle_t *idle, int peer) {
   return now < idle->away_until_ns;
 }
 
+static bool waits_blind(tcc_comm_t *comm, int peer) {
+  return peer != TCC_ANY_SOURCE && !comm->ops->peer_cpu && comm->cpu_share.spin_while_away;
+}
+
+static bool spin_blind(tcc_comm_t *comm, p2p_idle_t *idle) {
+  if (!idle->blind) return false;
+  const int64_t now = tcc__now_ns();
+  if (idle->away_until_ns == 0) idle->away_until_ns = now + TCC_CPU_AWAY_SPIN_NS;
+  if (now < idle->away_until_ns) return true;
+  idle->blind = false; /* a whole spin without a byte: sleep from now on */
+  tcc__spin_gate_missed(&comm->engine->waiter_spin_gate);
+  return false;
+}
+
 static void p2p_idle(tcc_comm_t *comm, const bool *want_write, p2p_idle_t *idle, int peer, int spins, int yields,
                      int64_t max_ns) {
-  const int k = idle->rounds++;
-  if (k < spins) {
-    tcc_cpu_relax();
-    return;
-  }
-  if (spin_on(comm, idle, peer)) {
-    idle->rounds = spins; /* the yields are still ahead */
-    tcc_cpu_relax();
-    return;
-  }
-  if (k < spins + yields) {
-    sched_yield();
-    return;
+  if (waits_blind(comm, peer)) {
+    if (spin_blind(comm, idle)) return; /* each round is a system call per stream already */
+  } else {
+    const int k = idle->rounds++;
+    if (k < spins) {
+      tcc_cpu_relax();
+      return;
+    }
+    if (spin_on(comm, idle, peer)) {
+      idle->rounds = spins; /* the yields are still ahead */
+      tcc_cpu_relax();
+      return;
+    }
+    if (k < spins + yields) {
+      sched_yield();
+      return;
+    }
   }
   idle->rounds = 0;
   idle->away_until_ns = 0;
@@ -462,11 +487,12 @@ static bool p2p_left_to_callers(tcc_engine_t *e, int64_t now) {
 }
 
 /* The p2p thread's sleep on p2p_cv: polling while the communicator sends
- * or receives, until signalled after a quiet spell. The caller holds e->lock. */
+ * or receives (a waiter running rounds also signals when it leaves ops
+ * behind), until signalled after a quiet spell (see host.h). The caller
+ * holds e->lock. */
 static void p2p_thread_sleep(tcc_engine_t *e, int64_t now) {
   e->p2p_idle = 1;
-  /* A waiter running rounds signals when it leaves ops behind. */
-  if (!e->p2p_waiter_runs && (e->p2p_pending > 0 || now - e->p2p_last_submit_ns < P2P_POLL_WINDOW_NS)) {
+  if ((getenv("OLDDEEP") == NULL || !e->p2p_waiter_runs) && (e->p2p_pending > 0 || now - e->p2p_last_submit_ns < P2P_POLL_WINDOW_NS)) {
     const int64_t until = now + P2P_POLL_NS;
     const struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
     pthread_cond_timedwait(&e->p2p_cv, &e->lock, &ts);
@@ -482,7 +508,7 @@ void *tcc__host_p2p_thread(void *arg) {
   tcc_comm_t *comm = arg;
   tcc_engine_t *e = comm->engine;
   bool *want_write = calloc((size_t)comm->size, sizeof *want_write);
-  p2p_idle_t idle = {0, 0, false};
+  p2p_idle_t idle = {0, 0, false, false};
   for (;;) {
     pthread_mutex_lock(&e->lock);
     if (e->stopping && !e->p2p_new_head && e->p2p_pending == 0) {
@@ -493,7 +519,7 @@ void *tcc__host_p2p_thread(void *arg) {
     if (p2p_left_to_callers(e, now)) {
       p2p_thread_sleep(e, now);
       pthread_mutex_unlock(&e->lock);
-      idle = (p2p_idle_t){0, 0, false};
+      idle = (p2p_idle_t){0, 0, false, false};
       continue;
     }
     pthread_mutex_unlock(&e->lock);
@@ -501,7 +527,7 @@ void *tcc__host_p2p_thread(void *arg) {
     const ssize_t moved = p2p_round(comm, want_write);
     pthread_mutex_unlock(&e->p2p_progress);
     if (moved > 0) {
-      idle = (p2p_idle_t){0, 0, false};
+      idle = (p2p_idle_t){0, 0, false, false};
       continue;
     }
     if (e->p2p_pending == 0) continue;
@@ -567,12 +593,14 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
   const int go = !e->stopping;
   if (go) e->p2p_waiter_runs = 1;
   pthread_mutex_unlock(&e->lock);
-  p2p_idle_t idle = {0, 0, false};
+  const bool blind =
+      go && waits_blind(comm, op->peer) && tcc__spin_gate_open(&e->waiter_spin_gate, &comm->cpu_share);
+  p2p_idle_t idle = {0, 0, false, blind};
   bool shared_cpu = false;
   while (go && !atomic_load(&op->finished)) {
     if (p2p_round(comm, e->waiter_want_write) > 0) {
       shared_cpu |= idle.shared_cpu;
-      idle = (p2p_idle_t){0, 0, false};
+      idle = (p2p_idle_t){0, 0, false, idle.blind};
       continue;
     }
     if (atomic_load(&op->finished)) break;
