@@ -157,9 +157,9 @@ static void test_spin_on_ends(void) {
 }
 
 /* The spin gate: shut where ranks outnumber CPUs; after a spin that saw
- * nothing, shut for exactly TCC_SPIN_BACKOFF_WAITS waits; and shut after
- * the waiting thread lost a time slice to another thread on its CPU,
- * which is what a busy process does to a spinning rank. */
+ * nothing, shut for exactly TCC_SPIN_BACKOFF_WAITS waits; and, where the
+ * caller asks, shut after the waiting thread lost a time slice to another
+ * thread on its CPU, which is what a busy process does to a spinning rank. */
 static atomic_int hog_stop;
 
 static void *hog(void *arg) {
@@ -182,15 +182,15 @@ static void test_spin_gate(void) {
   tcc__cpu_share_init(&roomy, 1, why, sizeof why);
 
   tcc__spin_gate_t g = {0};
-  for (int i = 0; i < 3; i++) CHECK(!tcc__spin_gate_open(&g, &crowded), "gate open with more ranks than CPUs");
+  for (int i = 0; i < 3; i++) CHECK(!tcc__spin_gate_open(&g, &crowded, true), "gate open with more ranks than CPUs");
   CHECK(g.backoff == 0, "a crowded group's waits left a backoff of %d", g.backoff);
 
   tcc__spin_gate_missed(&g);
   for (int i = 0; i < TCC_SPIN_BACKOFF_WAITS; i++)
-    CHECK(!tcc__spin_gate_open(&g, &roomy), "gate open at wait %d of the backoff after a missed spin", i + 1);
+    CHECK(!tcc__spin_gate_open(&g, &roomy, true), "gate open at wait %d of the backoff after a missed spin", i + 1);
   /* Next it opens, unless this thread was preempted for long meanwhile
    * (a loaded machine), which starts a new backoff. */
-  const bool open = tcc__spin_gate_open(&g, &roomy);
+  const bool open = tcc__spin_gate_open(&g, &roomy, true);
   CHECK(open || g.backoff == TCC_SPIN_BACKOFF_WAITS, "after the backoff: open %d, backoff %d", open, g.backoff);
 
   /* A thread that spins on a CPU another thread also wants loses time
@@ -212,16 +212,20 @@ static void test_spin_gate(void) {
   CHECK(pthread_create(&h, &attr, hog, NULL) == 0, "hog thread");
   pthread_attr_destroy(&attr);
   g.backoff = 0;
-  (void)tcc__spin_gate_open(&g, &roomy); /* the thread's times as they are now */
+  (void)tcc__spin_gate_open(&g, &roomy, true); /* the thread's times as they are now */
   g.backoff = 0;
   spin_for_ns(100 * 1000000LL); /* 100 ms of wall time on a CPU shared with the hog */
-  const bool open_after_sharing = tcc__spin_gate_open(&g, &roomy);
+  const bool open_after_sharing = tcc__spin_gate_open(&g, &roomy, true);
+  spin_for_ns(20 * 1000000LL);
+  tcc__spin_gate_t heedless = {0}; /* point-to-point waits: only a missed spin shuts it */
+  const bool heedless_open = tcc__spin_gate_open(&heedless, &roomy, false);
   atomic_store(&hog_stop, 1);
   pthread_join(h, NULL);
   CHECK(sched_setaffinity(0, sizeof set, &set) == 0, "affinity restored");
   CHECK(!open_after_sharing && g.backoff == TCC_SPIN_BACKOFF_WAITS,
         "gate after 100 ms on a CPU shared with a spinning thread: open %d, backoff %d", open_after_sharing,
         g.backoff);
+  CHECK(heedless_open, "a gate that preemption does not shut was shut (backoff %d)", heedless.backoff);
 }
 
 int main(void) {

@@ -252,7 +252,7 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
    * TCC_CPU_AWAY_SPIN_NS: a small op done by then costs no wake-up of a
    * sleeping thread; a large one then sleeps between its events, as
    * before (core/cpu_share.h says when a spin is allowed). */
-  bool spin = tcc__spin_gate_open(&sc->spin_gate, &comm->cpu_share);
+  bool spin = tcc__spin_gate_open(&sc->spin_gate, &comm->cpu_share, true);
   const int64_t spin_until = tcc__now_ns() + TCC_CPU_AWAY_SPIN_NS;
   bool spin_saw_progress = false;
   for (;;) {

@@ -99,13 +99,13 @@ static bool thread_preempted(void) {
   return more;
 }
 
-bool tcc__spin_gate_open(tcc__spin_gate_t *g, const tcc__cpu_share_t *s) {
+bool tcc__spin_gate_open(tcc__spin_gate_t *g, const tcc__cpu_share_t *s, bool preemption_shuts) {
   if (!s->spin_while_away) return false;
   if (g->backoff > 0) {
     g->backoff--;
     return false;
   }
-  if (thread_preempted()) {
+  if (preemption_shuts && thread_preempted()) {
     g->backoff = TCC_SPIN_BACKOFF_WAITS;
     return false;
   }

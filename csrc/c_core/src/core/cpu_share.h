@@ -59,9 +59,9 @@ void tcc__cpu_share_after_wait(const tcc__cpu_share_t *s, bool shared);
 /* Spinning for peers whose CPU cannot be seen (TCP streams): a wait may
  * poll without sleeping for its first TCC_CPU_AWAY_SPIN_NS while the
  * ranks sharing this machine have a CPU each. A spin that saw nothing, or
- * a thread preempted since its last wait (CPUs shared with other
- * processes, where the spinning rank is the one the scheduler makes
- * wait), shows that spinning does not pay now: the next
+ * (where the caller asks) a thread preempted since its last wait (CPUs
+ * shared with other processes, where the spinning rank is the one the
+ * scheduler makes wait), shows that spinning does not pay now: the next
  * TCC_SPIN_BACKOFF_WAITS waits sleep at once. One gate per waiting
  * thread and kind of wait; it is not thread-safe. */
 #define TCC_SPIN_BACKOFF_WAITS 64
@@ -70,8 +70,13 @@ typedef struct tcc__spin_gate {
   int backoff; /* waits left that sleep at once */
 } tcc__spin_gate_t;
 
-/* At the start of a wait: whether it may spin. */
-bool tcc__spin_gate_open(tcc__spin_gate_t *g, const tcc__cpu_share_t *s);
+/* At the start of a wait: whether it may spin. `preemption_shuts`: a
+ * preempted thread shuts the gate too. Collectives need that (8 B
+ * allreduce over TCP with a core busy: 392-432 us without it, 51-57 with
+ * it); point-to-point waits do better without, since the p2p thread's
+ * periodic look preempts a rank too (8 B round trip quiet: 25-32 us
+ * without, 37-62 with; with a core busy 47-48 and 41-45). */
+bool tcc__spin_gate_open(tcc__spin_gate_t *g, const tcc__cpu_share_t *s, bool preemption_shuts);
 
 /* A spin ran its time out without seeing progress. */
 void tcc__spin_gate_missed(tcc__spin_gate_t *g);

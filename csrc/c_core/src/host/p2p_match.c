@@ -487,12 +487,14 @@ static bool p2p_left_to_callers(tcc_engine_t *e, int64_t now) {
 }
 
 /* The p2p thread's sleep on p2p_cv: polling while the communicator sends
- * or receives (a waiter running rounds also signals when it leaves ops
- * behind), until signalled after a quiet spell (see host.h). The caller
- * holds e->lock. */
+ * or receives, until signalled after a quiet spell (see host.h). A waiter
+ * running rounds signals when it leaves ops behind, so ops pending in a
+ * long wait need no looks once submits have stopped. The caller holds
+ * e->lock. */
 static void p2p_thread_sleep(tcc_engine_t *e, int64_t now) {
   e->p2p_idle = 1;
-  if ((getenv("OLDDEEP") == NULL || !e->p2p_waiter_runs) && (e->p2p_pending > 0 || now - e->p2p_last_submit_ns < P2P_POLL_WINDOW_NS)) {
+  const bool submitting = now - e->p2p_last_submit_ns < P2P_POLL_WINDOW_NS;
+  if (submitting || (e->p2p_pending > 0 && !e->p2p_waiter_runs)) {
     const int64_t until = now + P2P_POLL_NS;
     const struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
     pthread_cond_timedwait(&e->p2p_cv, &e->lock, &ts);
@@ -594,7 +596,7 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
   if (go) e->p2p_waiter_runs = 1;
   pthread_mutex_unlock(&e->lock);
   const bool blind =
-      go && waits_blind(comm, op->peer) && tcc__spin_gate_open(&e->waiter_spin_gate, &comm->cpu_share);
+      go && waits_blind(comm, op->peer) && tcc__spin_gate_open(&e->waiter_spin_gate, &comm->cpu_share, false);
   p2p_idle_t idle = {0, 0, false, blind};
   bool shared_cpu = false;
   while (go && !atomic_load(&op->finished)) {
