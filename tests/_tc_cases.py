@@ -446,10 +446,17 @@ def wait_signal_times_out(comm, rank, size):
 @case
 def finalize_then_ops_raise(comm, rank, size):
     sub = comm.split(list(range(size)))
+    # Ops issued before, so their options are cached: the cache must not
+    # skip the check that the communicator is still usable.
+    sub.all_reduce(torch.ones(2), tc.ReduceOp.SUM, async_op=False)
+    sub.broadcast(torch.ones(2), 0, async_op=False)
     sub.finalize()
-    try:
-        sub.barrier(async_op=False)
-    except RuntimeError as e:
-        assert "finalized" in str(e), e
-    else:
-        raise AssertionError("barrier after finalize")
+    for what, call in [("barrier", lambda: sub.barrier(async_op=False)),
+                       ("all_reduce", lambda: sub.all_reduce(torch.ones(2), tc.ReduceOp.SUM, async_op=False)),
+                       ("broadcast", lambda: sub.broadcast(torch.ones(2), 0, async_op=False))]:
+        try:
+            call()
+        except RuntimeError as e:
+            assert "finalized" in str(e) and what in str(e), e
+        else:
+            raise AssertionError(f"{what} after finalize")

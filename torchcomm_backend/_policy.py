@@ -25,8 +25,20 @@ class CommPolicy:
         self.abort = abort
         self.failure = None  # why the communicator is unusable
         self.finalized = False
+        # Neither finalized nor failed: the one attribute an op's fast path reads.
+        self.usable = True
+
+    def finalize(self):
+        """Marks the communicator finalized; True the first time."""
+        if self.finalized:
+            return False
+        self.finalized = True
+        self.usable = False
+        return True
 
     def check_usable(self, op):
+        if self.usable:
+            return
         if self.finalized:
             raise RuntimeError(f"tccomm: {op} on communicator '{self.name}' (rank {self.rank}): "
                                f"the communicator was finalized")
@@ -45,6 +57,7 @@ class CommPolicy:
         cause = f"{op} failed: {type(err).__name__}: {err}"
         if self.failure is None:
             self.failure = cause
+            self.usable = False
         if self.abort:
             sys.stdout.flush()
             print(f"tccomm: {op} on communicator '{self.name}' (rank {self.rank} of {self.size}) "
