@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -228,7 +229,35 @@ static void test_spin_gate(void) {
   CHECK(heedless_open, "a gate that preemption does not shut was shut (backoff %d)", heedless.backoff);
 }
 
+/* A view (one phase of a hierarchical op) waits on its parent's ranks: the
+ * cross-host view of a hybrid group, whose transport sets nothing, must
+ * spin where its parent's waits would, not sleep at once. */
+static void test_view_inherits(void) {
+  tcc_comm_t *parent = calloc(1, sizeof *parent);
+  CHECK(parent != NULL, "calloc");
+  snprintf(parent->name, sizeof parent->name, "cpu-share-parent");
+  parent->rank = 1;
+  parent->size = 4;
+  parent->spin_iters = 100;
+  char why[200];
+  tcc__cpu_share_init(&parent->cpu_share, 1, why, sizeof why);
+  CHECK(parent->cpu_share.spin_while_away, "a lone rank spins while away: %s", why);
+  const int members[2] = {1, 3};
+  tcc_err_t err = {0};
+  tcc_comm_t *view = tcc__comm_view_new(parent, 0, 2, members, &err);
+  CHECK(view != NULL, "view: %s", err.msg);
+  CHECK(view->cpu_share.spin_while_away == parent->cpu_share.spin_while_away &&
+            view->cpu_share.may_move == parent->cpu_share.may_move,
+        "view spins %d moves %d, parent spins %d moves %d", view->cpu_share.spin_while_away,
+        view->cpu_share.may_move, parent->cpu_share.spin_while_away, parent->cpu_share.may_move);
+  tcc__spin_gate_t g = {0};
+  CHECK(tcc__spin_gate_open(&g, &view->cpu_share, false), "the view's spin gate stays shut");
+  tcc__comm_view_free(view);
+  free(parent);
+}
+
 int main(void) {
+  test_view_inherits();
   test_decisions();
   test_moves();
   test_spin_on_ends();

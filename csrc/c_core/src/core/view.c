@@ -37,6 +37,10 @@ tcc_comm_t *tcc__comm_view_new(tcc_comm_t *parent, int rank, int size, const int
   pthread_mutex_init(&v->group_lock, NULL);
   const int budget = tcc__spin_budget(size);
   v->spin_iters = budget < parent->spin_iters ? budget : parent->spin_iters;
+  /* Its waits run on the parent's ranks, so they share CPUs as the
+   * parent's do; a view with a transport of its own (shared memory)
+   * decides again when that is set up. */
+  v->cpu_share = parent->cpu_share;
   return v;
 }
 
