@@ -35,7 +35,12 @@ median, in microseconds; algbw is size / time and busbw = algbw x factor:
 output; reduce_scatter: the input; alltoall: one rank's send buffer).
 The script also measures this machine's single-core memcpy bandwidth (torch
 copy_ of a 64 MiB tensor in one thread) and reports the large-message busbw
-of each backend as a fraction of it.
+of each backend as a fraction of it. On CPU it measures, for each world
+size n, the bandwidth each of n processes gets while all copy at once
+("shared memcpy"): the ranks of a large collective all move memory at the
+same time and share the memory bus (and, with more ranks than cores, the
+cores), so that is the most a rank's own copies can reach in the run; the
+busbw is reported as a fraction of it too.
 
 Writes bench/results/bench_<time>.csv and, with matplotlib, the plots
 bench_<time>_busbw.png and bench_<time>_time.png (busbw and time against
@@ -382,6 +387,38 @@ def memcpy_bandwidth(nbytes: int = 64 << 20, reps: int = 10) -> float:
     return nbytes / best / 1e9
 
 
+def _copier(nbytes: int, reps: int, start, results) -> None:
+    """One of shared_memcpy_bandwidth's processes: reps copies after a common start."""
+    import torch
+    torch.set_num_threads(1)
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start.wait()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    results.put(nbytes * reps / (time.perf_counter() - t0) / 1e9)
+
+
+def shared_memcpy_bandwidth(copiers: int, nbytes: int = 64 << 20, reps: int = 10) -> float:
+    """Copy bandwidth in GB/s of each of `copiers` single-thread processes
+    copying at the same time (the mean over them): what one rank's memcpy
+    gets while every rank of a `copiers`-rank job moves memory, as all do
+    in a large collective. Below the single-core figure where the copiers
+    share the memory bus, and about 1/k of it where k ranks share a CPU."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")  # no fork of a process that has loaded torch
+    start, results = ctx.Barrier(copiers), ctx.Queue()
+    procs = [ctx.Process(target=_copier, args=(nbytes, reps, start, results)) for _ in range(copiers)]
+    for p in procs:
+        p.start()
+    rates = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(rates) / len(rates)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -425,7 +462,7 @@ def run_world(args, world: int, results: str) -> None:
         raise SystemExit(f"world {world}: a rank failed (exit codes {bad}); no results written")
 
 
-def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
+def report(args, rows: list[dict], memcpy: float, stem: str, shared: dict[int, float] | None = None) -> None:
     backends = args.backends.split(",")
     host_rows = [r for r in rows if r["op"] == HOST_OP]
     rows = [r for r in rows if r["op"] != HOST_OP]
@@ -433,12 +470,15 @@ def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
     with open(csv_path, "w", newline="") as f:
         fields = ["world", "backend", "op", "bytes", "count", "dtype", "iters", "samples",
                   "time_us", "time_min_us", "time_max_us", "spread_pct", "verified",
-                  "algbw_GBps", "busbw_GBps", "busbw_fraction_of_memcpy"]
+                  "algbw_GBps", "busbw_GBps", "busbw_fraction_of_memcpy",
+                  "busbw_fraction_of_shared_memcpy"]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows + host_rows:
-            w.writerow({k: v for k, v in {**r, "busbw_fraction_of_memcpy": r["busbw_GBps"] / memcpy}.items()
-                        if k in fields})
+            fractions = {"busbw_fraction_of_memcpy": r["busbw_GBps"] / memcpy}
+            if shared and r["world"] in shared:
+                fractions["busbw_fraction_of_shared_memcpy"] = r["busbw_GBps"] / shared[r["world"]]
+            w.writerow({k: v for k, v in {**r, **fractions}.items() if k in fields})
     print(f"\nwrote {csv_path}")
     if host_rows:
         host = {r["backend"]: r["time_us"] for r in host_rows}
@@ -472,6 +512,10 @@ def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
     print(f"\nsingle-core memcpy bandwidth (torch copy_ of 64 MiB, 1 thread): "
           f"{memcpy:.2f} GB/s")
     for world in worlds:
+        if shared and world in shared:
+            print(f"memcpy bandwidth of each of {world} processes copying at once: {shared[world]:.2f} GB/s "
+                  f"({100 * shared[world] / memcpy:.0f}% of one alone)")
+    for world in worlds:
         for backend in backends:
             lat = idx.get((world, backend, "allreduce", 8))
             if lat:
@@ -487,8 +531,10 @@ def report(args, rows: list[dict], memcpy: float, stem: str) -> None:
             for backend in backends:
                 r = idx.get((world, backend, op, big))
                 if r:
+                    of_shared = (f", {100 * r['busbw_GBps'] / shared[world]:5.1f}% of shared"
+                                 if shared and world in shared else "")
                     parts.append(f"{backend} {r['busbw_GBps']:6.2f} GB/s "
-                                 f"({100 * r['busbw_GBps'] / memcpy:5.1f}% of memcpy)")
+                                 f"({100 * r['busbw_GBps'] / memcpy:5.1f}% of memcpy{of_shared})")
             print(f"largest {op:14s} ({human(big)}), {world} ranks: " + ", ".join(parts))
 
     # Plots: bench/plot_results.py (also usable on an existing CSV); the CSV
@@ -603,8 +649,11 @@ def main() -> None:
     memcpy = memcpy_bandwidth()  # the CPU reference line; on CUDA only for context
     print(f"single-core memcpy bandwidth: {memcpy:.2f} GB/s; "
           f"transport: TCCOMM_TRANSPORT={os.environ.get('TCCOMM_TRANSPORT', '(unset: auto)')}")
+    worlds = [int(w) for w in args.worlds.split(",")]
+    shared = ({w: shared_memcpy_bandwidth(w) for w in worlds}
+              if args.device == "cpu" and not args.host_only else {})
     t0 = time.monotonic()
-    for world in [int(w) for w in args.worlds.split(",")]:
+    for world in worlds:
         what = ("host time per eager all_reduce call only" if args.host_only
                 else f"{human(args.min_bytes)} .. {human(args.max_bytes)}")
         print(f"\n== {world} ranks, {args.backends}, {what}", flush=True)
@@ -615,7 +664,7 @@ def main() -> None:
     rows = [json.loads(line) for line in open(raw)] if os.path.exists(raw) else []
     if os.path.exists(raw):
         os.remove(raw)
-    report(args, rows, memcpy, stem)
+    report(args, rows, memcpy, stem, shared)
     print(f"total {time.monotonic() - t0:.0f} s")
 
 

@@ -11,6 +11,7 @@ is tested everywhere by hiding mpirun and mpi4py. No timing is asserted.
 import csv
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -123,3 +124,8 @@ def test_bench_collectives_goes_on_without_mpi(tmp_path):
     assert lines[0].endswith("going on without it"), out
     rows = _rows(str(tmp_path / "out"), "bench_*.csv")
     assert [(r["backend"], r["op"], r["bytes"]) for r in rows] == [("gloo", "allreduce", "8")]
+    # The shared-memcpy reference: the line it prints, and busbw as a fraction of it.
+    m = re.search(r"memcpy bandwidth of each of 2 processes copying at once: ([0-9.]+) GB/s", out)
+    assert m and float(m.group(1)) > 0, out
+    shared = float(rows[0]["busbw_GBps"]) / float(rows[0]["busbw_fraction_of_shared_memcpy"])
+    assert abs(shared - float(m.group(1))) < 0.01, (shared, out)
