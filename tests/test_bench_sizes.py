@@ -1,5 +1,6 @@
 """csrc/c_core/tests/bench_sizes.c runs end to end: every op it times, over
-shared memory and TCP, in place for all_reduce, prints one line per size,
+shared memory and TCP, in place for all_reduce, on huge pages, prints one
+line per size,
 and it refuses what it does not know. The program checks every result
 itself and stops at a wrong one; figures are not judged here."""
 
@@ -45,8 +46,25 @@ def test_each_size_is_timed(bench_sizes, ranks, transport, op, extra):
     assert sizes == [12 << 10, 24 << 10, 48 << 10], lines
 
 
+def test_huge_pages(bench_sizes):
+    """Buffers on huge pages where the kernel grants them: each size is still
+    timed and checked, and the line says how much of rank 0's memory they got
+    (a number of kB, or -1 where /proc cannot say)."""
+    proc = subprocess.run([bench_sizes, "2", "shm", "alltoall", "2M", "4M", "huge-pages"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sizes = []
+    for line in proc.stdout.splitlines():
+        m = re.fullmatch(r"alltoall (\d+) B, 2 ranks, shm, huge pages \((-?\d+) kB of rank 0's\): ([0-9.]+) us", line)
+        assert m, line
+        assert float(m.group(3)) > 0, line
+        sizes.append(int(m.group(1)))
+    assert sizes == [2 << 20, 4 << 20], proc.stdout
+
+
 @pytest.mark.parametrize("args", [["2", "shm", "gather"], ["2", "udp"], ["2", "shm", "allgather", "64K", "1K"],
-                                  ["2", "shm", "allgather", "1K", "2K", "in-place"]])
+                                  ["2", "shm", "allgather", "1K", "2K", "in-place"],
+                                  ["2", "shm", "allgather", "1K", "2K", "huge"]])
 def test_refuses_what_it_does_not_know(bench_sizes, args):
     proc = subprocess.run([bench_sizes, *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "usage: bench_sizes" in proc.stderr, proc.stdout + proc.stderr

@@ -3,11 +3,14 @@
  * directly, by size: the floor under the torch layers that
  * bench/bench_collectives.py measures, op by op.
  *
- * Usage: bench_sizes [ranks] [shm|tcp] [op] [min bytes] [max bytes] [in-place]
+ * Usage: bench_sizes [ranks] [shm|tcp] [op] [min bytes] [max bytes] [in-place] [huge-pages]
  *   op: allreduce | allgather | alltoall | broadcast | reduce_scatter
  *   (default: 2 shm allreduce 64K 8M; sizes double from min to max)
  *   in-place: all_reduce into its input, as dist.all_reduce does (the
  *   other ops always run as bench/bench_collectives.py runs them)
+ *   huge-pages: buffers 2 MiB-aligned and madvise(MADV_HUGEPAGE)d, as torch
+ *   makes large tensors under THP_MEM_ALLOC_ENABLE=1; rank 0 prints how
+ *   much of its memory the kernel backed with huge pages (AnonHugePages)
  * The size is what bench_collectives.py calls the size: the whole tensor of
  * all_reduce and broadcast, the output of all_gather and the input of
  * reduce_scatter and all_to_all (each rank's share is size / ranks).
@@ -19,6 +22,8 @@
  * (the sums then grow from call to call).
  */
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "bench_median.h"
@@ -39,7 +44,32 @@
   } while (0)
 
 static const char *op_name = "allreduce";
-static bool in_place;
+static bool in_place, huge_pages;
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* A zeroed buffer of `bytes`, on huge pages where asked and granted. */
+static float *buffer(size_t bytes) {
+  if (!huge_pages) return calloc(bytes / sizeof(float), sizeof(float));
+  const size_t rounded = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+  void *p = NULL;
+  if (posix_memalign(&p, HUGE_PAGE, rounded) != 0) return NULL;
+  (void)madvise(p, rounded, MADV_HUGEPAGE); /* a hint: refused, the pages stay small */
+  memset(p, 0, rounded);
+  return p;
+}
+
+/* This process's anonymous memory on huge pages, in kB (-1: unknown). */
+static long anon_huge_kb(void) {
+  FILE *f = fopen("/proc/self/smaps_rollup", "r");
+  if (!f) return -1;
+  char line[256];
+  long kb = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) break;
+  fclose(f);
+  return kb;
+}
 static size_t min_bytes = 64 << 10, max_bytes = 8 << 20;
 
 /* One size's buffers: each rank's input and output, and the per-peer views. */
@@ -107,8 +137,8 @@ static void bench_size(tcc_comm_t *comm, size_t bytes) {
   bufs_t b = {0};
   b.total = bytes / sizeof(float) / (size_t)n * (size_t)n;
   b.per = b.total / (size_t)n;
-  b.in = calloc(b.total, sizeof(float));
-  b.out = calloc(b.total, sizeof(float));
+  b.in = buffer(b.total * sizeof(float));
+  b.out = buffer(b.total * sizeof(float));
   REQUIRE(b.in && b.out, "out of memory for %zu bytes", bytes);
   fill(&b, me, n);
   REQUIRE(run_once(comm, &b), "%s failed", op_name);
@@ -135,7 +165,11 @@ static void bench_size(tcc_comm_t *comm, size_t bytes) {
     per_call[k] = (double)(tcc__now_ns() - start) / (double)iters / 1000.0;
     REQUIRE(in_place || check_result(&b, me, n), "%s of %zu bytes: wrong result on rank %d", op_name, bytes, me);
   }
-  if (me == 0)
+  if (me == 0 && huge_pages)
+    printf("%s%s %zu B, %d ranks, %s, huge pages (%ld kB of rank 0's): %.1f us\n", op_name,
+           in_place ? " in place" : "", bytes, n, tcc_comm_transport_name(comm), anon_huge_kb(),
+           median(per_call, BATCHES));
+  else if (me == 0)
     printf("%s%s %zu B, %d ranks, %s: %.1f us\n", op_name, in_place ? " in place" : "", bytes, n,
            tcc_comm_transport_name(comm),
            median(per_call, BATCHES));
@@ -163,14 +197,19 @@ int main(int argc, char **argv) {
   if (argc > 3) op_name = argv[3];
   if (argc > 4) min_bytes = parse_size(argv[4]);
   if (argc > 5) max_bytes = parse_size(argv[5]);
-  in_place = argc > 6 && strcmp(argv[6], "in-place") == 0;
+  bool flags_known = true;
+  for (int i = 6; i < argc; i++) {
+    if (strcmp(argv[i], "in-place") == 0) in_place = true;
+    else if (strcmp(argv[i], "huge-pages") == 0) huge_pages = true;
+    else flags_known = false;
+  }
   int known = 0;
   for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) known |= strcmp(op_name, ops[i]) == 0;
   if (n < 1 || n > 8 || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0) || !known ||
-      min_bytes < (size_t)n * sizeof(float) || max_bytes < min_bytes || (argc > 6 && !in_place) ||
+      min_bytes < (size_t)n * sizeof(float) || max_bytes < min_bytes || !flags_known ||
       (in_place && strcmp(op_name, "allreduce") != 0)) {
     fprintf(stderr, "usage: bench_sizes [ranks 1..8] [shm|tcp] "
-                    "[allreduce|allgather|alltoall|broadcast|reduce_scatter] [min bytes] [max bytes] [in-place]\n");
+                    "[allreduce|allgather|alltoall|broadcast|reduce_scatter] [min bytes] [max bytes] [in-place] [huge-pages]\n");
     return 2;
   }
   return run_group(n, transport, 600000, "bench-sizes", bench);
