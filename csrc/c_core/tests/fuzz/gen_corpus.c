@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coll/coll.h"
 #include "host/p2p_frame.h"
 #include "transport/shm/shm.h"
 #include "transport/tcp/tcp.h"
@@ -28,9 +29,14 @@ static void put(out_t *o, const void *p, size_t n) {
 }
 static void put8(out_t *o, uint8_t v) { put(o, &v, 1); }
 
+/* Where the seeds go: tests/fuzz/corpus, or the directory given as the
+ * first argument (the fuzz target's check that the committed seeds are
+ * what this program makes). */
+static const char *out_root = "tests/fuzz/corpus";
+
 static void save(const char *target, const char *name, const out_t *o) {
-  char path[256];
-  snprintf(path, sizeof path, "tests/fuzz/corpus/%s/%s", target, name);
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s/%s", out_root, target, name);
   FILE *f = fopen(path, "wb");
   if (!f || fwrite(o->buf, 1, o->len, f) != o->len) {
     fprintf(stderr, "gen_corpus: cannot write %s (run from csrc/c_core, directories made)\n", path);
@@ -71,6 +77,14 @@ static void gen_blob(void) {
     blob(&o, seeds[i].host1, seeds[i].magic1, seeds[i].dev1);
     save("blob", seeds[i].name, &o);
   }
+  /* Two ranks share a host, the third is elsewhere: auto picks hybrid. */
+  out_t o = {.len = 0};
+  put8(&o, 2); /* three ranks */
+  put8(&o, 0);
+  blob(&o, "host-a", TCC_BLOB_MAGIC, 3);
+  blob(&o, "host-b", TCC_BLOB_MAGIC, 3);
+  blob(&o, "host-b", TCC_BLOB_MAGIC, 3);
+  save("blob", "hybrid-auto", &o);
 }
 
 /* ---- TCP handshake ---- */
@@ -145,7 +159,7 @@ static void shm_layout(shm_header_t *h, int n, uint64_t window) {
   h->small_bytes = window < 32768 ? window : 32768;
   h->ring_bytes = n <= 4 ? (1u << 20) : align_to((4u << 20) / (uint64_t)n, 4096);
   if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
-  h->desc_stride = align_to(tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, n), TCC_CACHELINE);
+  h->desc_stride = align_to(tcc__coll_spans_desc_bytes(n), TCC_CACHELINE);
   h->ctrl_off = TCC_SEGMENT_HEAD_BYTES;
   h->desc_off = align_to(h->ctrl_off + (uint64_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
   h->data_off = align_to(h->desc_off + (uint64_t)n * 2 * h->desc_stride, 4096);
@@ -268,7 +282,8 @@ static void gen_p2p_frame(void) {
   frame_seed("impossible-length", 7, 1024, 3);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc > 1) out_root = argv[1];
   gen_blob();
   gen_tcp_hello();
   gen_coll_desc();
