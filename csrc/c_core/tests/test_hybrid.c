@@ -16,6 +16,7 @@
 #include <linux/tcp.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -789,7 +790,56 @@ static void test_pipe_refused(tcc_comm_t *comm) {
   atomic_store(&tcc__hier_pipe_refused, false);
 }
 
+/* Whether the leaders' allreduce overlaps its segments with the host
+ * phases (transport.h, tcc__hier_overlap_t), as this test works it out:
+ * forced by TCCOMM_HIER_OVERLAP, else only where this machine (every
+ * simulated host is on it) has a CPU for each rank and each host's leader
+ * thread. */
+static bool overlap_expected(int n) {
+  const char *env = getenv("TCCOMM_HIER_OVERLAP");
+  if (env && strcmp(env, "1") == 0) return true;
+  if (env && strcmp(env, "0") == 0) return false;
+  int hosts = 0;
+  for (int q = 0; q < n; q++) hosts = group_fake_host(spec, q) + 1 > hosts ? group_fake_host(spec, q) + 1 : hosts;
+  cpu_set_t set;
+  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  return n + hosts <= cpus;
+}
+
+/* The choice every rank made, and, on uneven hosts where it overlaps,
+ * that each leader's thread ran the cross-host part of a segmented
+ * allreduce (test_sum_order's results are bit for bit either way). */
+static void test_leaders_overlap(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (!is_hybrid(comm)) return;
+  CHECK(comm->topo->leaders_overlap == overlap_expected(n), "%s: leaders overlap %d, expected %d", spec,
+        comm->topo->leaders_overlap, overlap_expected(n));
+  if (hosts_uniform(n) || !comm->topo->leaders_overlap) return;
+  const size_t count = 2 * HIER_SEGMENT_BYTES / 4 + 5;
+  float *buf = malloc(count * sizeof *buf);
+  for (size_t i = 0; i < count; i++) buf[i] = (float)small_value(me, i, TCC_SUM);
+  tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(buf, count, TCC_FLOAT32), host_buf(buf, count, TCC_FLOAT32),
+                                     TCC_SUM, NULL, &op));
+  CHECK(r == TCC_OK, "%s: segmented leaders' allreduce: %s", spec, tcc_last_error());
+  for (size_t i = 0, bad = 0; i < count && r == TCC_OK; i++)
+    if (buf[i] != (float)ref_value(n, i, TCC_FLOAT32, TCC_SUM, 0) && bad++ < 3)
+      CHECK(0, "%s: segmented leaders' allreduce: element %zu is %g", spec, i, buf[i]);
+  const bool leader = local_index_of(me) == 0;
+  CHECK((coll_scratch_of(comm)->pipe != NULL) == leader, "%s: rank %d (leader %d) has a pipe thread: %d", spec, me,
+        leader, coll_scratch_of(comm)->pipe != NULL);
+  free(buf);
+}
+
+/* Uneven hosts with the leaders' overlap forced on (this machine has too
+ * few CPUs for auto to choose it): the segmented path, bit for bit. */
+static void overlap_tests(tcc_comm_t *comm) {
+  test_leaders_overlap(comm);
+  test_sum_order(comm);
+  test_allreduce_ops(comm);
+}
+
 static void all_tests(tcc_comm_t *comm) {
+  test_leaders_overlap(comm);
   test_allreduce_ops(comm);
   test_sum_order(comm);
   test_half_allreduce(comm);
@@ -946,6 +996,16 @@ int main(void) {
     printf("%s %s n=%d\n", bad ? "FAIL" : "ok  ", spec, groups[g].n);
     bad ? failed++ : passed++;
   }
+  const struct { const char *spec; int n; } uneven[] = {{"auto-pairs", 3}, {"auto-interleaved", 5}};
+  setenv("TCCOMM_HIER_OVERLAP", "1", 1);
+  for (size_t g = 0; g < sizeof uneven / sizeof *uneven; g++) {
+    spec = uneven[g].spec;
+    int bad = run_group(uneven[g].n, spec, 60000, "overlap-group", overlap_tests);
+    printf("%s %s n=%d, leaders' allreduce overlapped (TCCOMM_HIER_OVERLAP=1)\n", bad ? "FAIL" : "ok  ", spec,
+           uneven[g].n);
+    bad ? failed++ : passed++;
+  }
+  unsetenv("TCCOMM_HIER_OVERLAP");
   const char *dead_specs[] = {"auto-pairs", "auto-uneven"};
   for (int d = 0; d < 2; d++) {
     spec = dead_specs[d];

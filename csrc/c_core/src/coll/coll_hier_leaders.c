@@ -82,12 +82,11 @@ static tcc_result_t allreduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, 
   const bool leader = comm->topo->local_index[comm->rank] == 0;
   const hier_steps_t steps = {leaders_reduce, leader ? leaders_allreduce : NULL, leaders_broadcast};
   const tcc__hier_job_t whole = {.out = c, .sum = c, .seq = seq, .deadline = deadline};
-  /* One segment: overlapping the leaders' allreduce with the host's phases
-   * (segments as on even hosts) measured 0-4% faster at 1 Gbit/s and
-   * 5-10% at 2.5 Gbit/s on 3 + 2 simulated hosts, but 10-20% slower at
-   * 10 Gbit/s, where the 5 ranks on 2 cores are limited by the CPU and the
-   * leader's thread takes it from the host's phases. */
-  return tcc__hier_in_segments(comm, &steps, &whole, c->count, 1, err);
+  /* Segments overlap the leaders' allreduce with the host's phases only
+   * where the machines have a CPU for the leaders' threads
+   * (transport.h, tcc__hier_overlap_t). */
+  const size_t nseg = comm->topo->leaders_overlap ? hier_segment_count(c->count * tcc_dtype_size(c->dtype)) : 1;
+  return tcc__hier_in_segments(comm, &steps, &whole, c->count, nseg, err);
 }
 
 static tcc_result_t reduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,

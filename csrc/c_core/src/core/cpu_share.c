@@ -33,6 +33,11 @@ int tcc__cpu_moves(int *from, int *to) {
   return mover.moves;
 }
 
+int tcc__cpus_allowed(void) {
+  cpu_set_t allowed;
+  return sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
+}
+
 void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t why_len) {
   memset(s, 0, sizeof *s);
   cpu_set_t allowed;

@@ -81,6 +81,9 @@ bool tcc__spin_gate_open(tcc__spin_gate_t *g, const tcc__cpu_share_t *s, bool pr
 /* A spin ran its time out without seeing progress. */
 void tcc__spin_gate_missed(tcc__spin_gate_t *g);
 
+/* How many CPUs this thread may use (its affinity; 0: unknown). */
+int tcc__cpus_allowed(void);
+
 /* Moves this thread made, and the CPUs of the last one (for tests). */
 int tcc__cpu_moves(int *from, int *to);
 

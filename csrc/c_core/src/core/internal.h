@@ -20,7 +20,7 @@ typedef struct tcc_blob {
   uint32_t magic;
   uint32_t pid;
   uint16_t port;     /* TCP listening port, host order */
-  uint16_t reserved;
+  uint16_t cpus;     /* CPUs this process may use (its affinity), at most 65535; 0: unknown */
   uint32_t ipv4;     /* advertised address, network order */
   uint8_t token[TCC_TOKEN_BYTES]; /* random; peers must present it to connect */
   char hostname[64];
@@ -30,6 +30,10 @@ typedef struct tcc_blob {
    * both. 0 when there is no /dev/shm. */
   uint64_t shm_dev;
   uint64_t shm_ino;
+  /* TCCOMM_HIER_OVERLAP of this process (tcc__hier_overlap_t); rank 0's
+   * counts for a group. */
+  uint8_t hier_overlap;
+  uint8_t pad[7];
 } tcc_blob_t;
 _Static_assert(sizeof(tcc_blob_t) <= TCC_ENDPOINT_BLOB_SIZE, "blob too large");
 

@@ -2,6 +2,7 @@
  * hybrid_setup.c - a hybrid group's topology, connections and views (see
  * hybrid.h), its teardown, and its transport table.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,34 @@ static void topology_free(tcc__topology_t *t) {
   free(t->by_host);
   free(t->host_start);
   free(t);
+}
+
+tcc_result_t tcc__hier_overlap_from_env(uint8_t *out, tcc_err_t *err) {
+  const char *s = getenv("TCCOMM_HIER_OVERLAP");
+  *out = TCC_HIER_OVERLAP_AUTO;
+  if (!s || !*s || strcmp(s, "auto") == 0) return TCC_OK;
+  if (strcmp(s, "0") == 0) *out = TCC_HIER_OVERLAP_OFF;
+  else if (strcmp(s, "1") == 0) *out = TCC_HIER_OVERLAP_ON;
+  else return tcc__err_set(err, TCC_ERR_INVALID, "tccomm: TCCOMM_HIER_OVERLAP='%s' is not one of auto, 0, 1", s);
+  return TCC_OK;
+}
+
+/* hybrid.h: rank 0's setting, or whether every machine has a CPU for each
+ * of its ranks and each of its leaders' threads. Every rank decides from
+ * the same blobs, so all agree (the segments are collectives of them all). */
+static bool leaders_may_overlap(const tcc__topology_t *t, int n, const tcc_blob_t *blobs) {
+  if (blobs[0].hier_overlap == TCC_HIER_OVERLAP_ON) return true;
+  if (blobs[0].hier_overlap == TCC_HIER_OVERLAP_OFF) return false;
+  for (int q = 0; q < n; q++) {
+    int threads = 0, cpus = INT32_MAX;
+    for (int r = 0; r < n; r++) {
+      if (strncmp(blobs[r].boot_id, blobs[q].boot_id, sizeof blobs[r].boot_id) != 0) continue;
+      threads += t->local_index[r] == 0 ? 2 : 1; /* a leader and its thread */
+      if (blobs[r].cpus < cpus) cpus = blobs[r].cpus;
+    }
+    if (threads > cpus) return false; /* cpus 0 (unknown) included */
+  }
+  return true;
 }
 
 /* Hosts from the blobs: ranks that can map each other's shared memory
@@ -53,6 +82,7 @@ static tcc__topology_t *topology_new(int n, int me, const tcc_blob_t *blobs) {
   t->host = t->host_of[me];
   t->uniform = true;
   for (int h = 1; h < t->nhosts; h++) t->uniform &= t->host_size[h] == t->host_size[0];
+  t->leaders_overlap = leaders_may_overlap(t, n, blobs);
   return t;
 }
 
@@ -115,9 +145,12 @@ static void log_topology(tcc_comm_t *comm, const tcc__topology_t *t) {
     used += (size_t)snprintf(hosts + used, sizeof hosts - used, "%s%d", h ? "+" : "", t->host_size[h]);
   TCC_LOG_INFO(comm->rank,
                "communicator '%s' spans %d hosts (ranks per host %s%s): this rank is on host %d at local "
-               "index %d; shared memory with %d rank(s) of its host, TCP to the other hosts",
+               "index %d; shared memory with %d rank(s) of its host, TCP to the other hosts%s",
                comm->name, t->nhosts, hosts, t->uniform ? "" : ", uneven", t->host, t->local_index[comm->rank],
-               t->host_size[t->host] - 1);
+               t->host_size[t->host] - 1,
+               t->uniform ? ""
+               : t->leaders_overlap ? "; the leaders' allreduce overlaps the host phases (TCCOMM_HIER_OVERLAP)"
+                                    : "; the leaders' allreduce runs in one piece (TCCOMM_HIER_OVERLAP)");
 }
 
 static void hybrid_destroy(tcc_comm_t *comm) {

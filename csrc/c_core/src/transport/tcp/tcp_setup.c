@@ -42,6 +42,10 @@ tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep_o
   if (inet_pton(AF_INET, addr, &advertised) != 1) {
     return endpoint_failed(tcc__fail(TCC_ERR_INVALID, "tcc_endpoint_open: '%s' is not an IPv4 address", addr));
   }
+  uint8_t hier_overlap;
+  tcc_err_t why = {TCC_OK, {0}};
+  if (tcc__hier_overlap_from_env(&hier_overlap, &why) != TCC_OK)
+    return endpoint_failed(tcc__fail_with(&why, why.code));
   tcc_endpoint_t *ep = calloc(1, sizeof(*ep));
   if (!ep) return endpoint_failed(tcc__fail(TCC_ERR_SYSTEM, "tcc_endpoint_open: out of memory"));
   const char *what = "socket";
@@ -68,6 +72,9 @@ tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep_o
   ep->blob.ipv4 = advertised.s_addr;
   tcc__host_identity(ep->blob.hostname, ep->blob.boot_id);
   tcc__shm_identity(&ep->blob.shm_dev, &ep->blob.shm_ino);
+  ep->blob.hier_overlap = hier_overlap;
+  const int cpus = tcc__cpus_allowed();
+  ep->blob.cpus = (uint16_t)(cpus > UINT16_MAX ? UINT16_MAX : cpus);
   memset(blob_out, 0, TCC_ENDPOINT_BLOB_SIZE);
   memcpy(blob_out, &ep->blob, sizeof(ep->blob));
   *ep_out = ep;
