@@ -107,9 +107,9 @@ def test_world_of_one(tmp_path, transport):
     assert "OK" in out
 
 
-def test_bad_transport_value_is_a_clear_error(tmp_path):
-    """TCCOMM_TRANSPORT with an unknown value fails group creation with an
-    error that names the variable (no crash, no silent fallback)."""
+def _creation_error(tmp_path, env_extra) -> str:
+    """What creating a one-rank group prints under env_extra: "RAISED <type>
+    <message>", or "NO ERROR"."""
     proc = run_py(f"""
         import torch, torch.distributed as dist
         try:
@@ -119,25 +119,21 @@ def test_bad_transport_value_is_a_clear_error(tmp_path):
             print("RAISED", type(e).__name__, e)
         else:
             print("NO ERROR")
-    """, env_extra={"TCCOMM_TRANSPORT": "carrier-pigeon"})
+    """, env_extra=env_extra)
     check(proc)
-    assert "RAISED" in proc.stdout, proc.stdout
-    assert "TCCOMM_TRANSPORT" in proc.stdout, proc.stdout
+    return proc.stdout
+
+
+def test_bad_transport_value_is_a_clear_error(tmp_path):
+    """TCCOMM_TRANSPORT with an unknown value fails group creation with an
+    error that names the variable (no crash, no silent fallback)."""
+    out = _creation_error(tmp_path, {"TCCOMM_TRANSPORT": "carrier-pigeon"})
+    assert "RAISED" in out and "TCCOMM_TRANSPORT" in out, out
 
 
 def test_bad_hier_overlap_value_is_a_clear_error(tmp_path):
     """TCCOMM_HIER_OVERLAP with an unknown value fails group creation with an
     error that names the variable and the values it takes."""
-    proc = run_py(f"""
-        import torch, torch.distributed as dist
-        try:
-            dist.init_process_group("tccomm", init_method="file://{tmp_path}/store",
-                                    rank=0, world_size=1)
-        except Exception as e:
-            print("RAISED", type(e).__name__, e)
-        else:
-            print("NO ERROR")
-    """, env_extra={"TCCOMM_HIER_OVERLAP": "sometimes"})
-    check(proc)
-    assert "RAISED" in proc.stdout, proc.stdout
-    assert "TCCOMM_HIER_OVERLAP='sometimes' is not one of auto, 0, 1" in proc.stdout, proc.stdout
+    out = _creation_error(tmp_path, {"TCCOMM_HIER_OVERLAP": "sometimes"})
+    assert "RAISED" in out, out
+    assert "TCCOMM_HIER_OVERLAP='sometimes' is not one of auto, 0, 1" in out, out
