@@ -108,20 +108,16 @@ typedef struct tcc_transport_ops {
 
 /* ---- groups that span hosts ------------------------------------------- */
 
-/* Where the ranks of a group are, for a group whose ranks share memory
- * with some ranks but not all (transport/hybrid/). Hosts are numbered in
- * the order of their lowest rank; a rank's local index is its position
- * among its host's ranks in rank order. Identical on every rank: it is
- * derived from the same endpoint blobs. */
 /* TCCOMM_HIER_OVERLAP, carried in each rank's endpoint blob: whether the
  * leaders' allreduce of a group on uneven hosts (coll_hier_leaders.c)
  * runs in segments whose cross-host part overlaps the host phases. That
  * pays where the link is the limit (3 + 2 simulated hosts: 0-4% faster at
- * 1 Gbit/s; at 2.5 Gbit/s 64 MiB took 248-251 ms against 279) and costs where the CPUs are (10-20%
- * slower at 10 Gbit/s with 5 ranks on 2 cores: the leader's thread takes
- * the CPU from the host phases). A machine whose CPUs outnumber its ranks
- * and their leaders' threads has the CPU to spare, so `auto` overlaps
- * only where every machine of the group (ranks with one boot id) has. */
+ * 1 Gbit/s; at 2.5 Gbit/s 64 MiB took 248-251 ms against 279) and costs
+ * where the CPUs are (10-20% slower at 10 Gbit/s with 5 ranks on 2 cores:
+ * the leader's thread takes the CPU from the host phases). A machine whose
+ * CPUs outnumber its ranks and their leaders' threads has the CPU to
+ * spare, so `auto` overlaps only where every machine of the group (ranks
+ * with one boot id) has. */
 typedef enum tcc__hier_overlap {
   TCC_HIER_OVERLAP_AUTO = 0,
   TCC_HIER_OVERLAP_OFF = 1,
@@ -132,6 +128,11 @@ typedef enum tcc__hier_overlap {
  * that is none of those. */
 tcc_result_t tcc__hier_overlap_from_env(uint8_t *out, tcc_err_t *err);
 
+/* Where the ranks of a group are, for a group whose ranks share memory
+ * with some ranks but not all (transport/hybrid/). Hosts are numbered in
+ * the order of their lowest rank; a rank's local index is its position
+ * among its host's ranks in rank order. Identical on every rank: it is
+ * derived from the same endpoint blobs. */
 typedef struct tcc__topology {
   int nhosts;
   int host;          /* this rank's host */
@@ -146,7 +147,7 @@ typedef struct tcc__topology {
   /* Whether the leaders' allreduce on uneven hosts overlaps its segments'
    * cross-host part (on a thread of each leader) with the host phases:
    * TCCOMM_HIER_OVERLAP of rank 0, or, by default, where every machine
-   * has a CPU for each of its ranks and each leader's thread (hybrid.h). */
+   * has a CPU for each of its ranks and each leader's thread (above). */
   bool leaders_overlap;
   /* Views (core/view.c) that the hierarchical algorithms run phases on:
    * the ranks of this host over shared memory (NULL when this rank is

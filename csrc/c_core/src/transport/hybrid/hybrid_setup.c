@@ -33,7 +33,7 @@ tcc_result_t tcc__hier_overlap_from_env(uint8_t *out, tcc_err_t *err) {
   return TCC_OK;
 }
 
-/* hybrid.h: rank 0's setting, or whether every machine has a CPU for each
+/* transport.h: rank 0's setting, or whether every machine has a CPU for each
  * of its ranks and each of its leaders' threads. Every rank decides from
  * the same blobs, so all agree (the segments are collectives of them all). */
 static bool leaders_may_overlap(const tcc__topology_t *t, int n, const tcc_blob_t *blobs) {
