@@ -166,10 +166,17 @@ def check_choice(d: Done, rank: int, name: str, members: list[int]) -> None:
     sizes = [sum(d.host_of(q) == h for q in members) for h in hosts]
     mine = d.host_of(rank)
     index = [q for q in members if d.host_of(q) == mine].index(rank)
+    # Uneven hosts: whether the leaders' allreduce overlaps the host phases.
+    # All simulated hosts are one machine, so only where its CPUs cover
+    # every rank of the group and every host's leader thread (TCCOMM_HIER_OVERLAP).
+    overlap = len(members) + len(hosts) <= len(os.sched_getaffinity(0))
+    leaders = ("" if len(set(sizes)) == 1
+               else "; the leaders' allreduce overlaps the host phases (TCCOMM_HIER_OVERLAP)" if overlap
+               else "; the leaders' allreduce runs in one piece (TCCOMM_HIER_OVERLAP)")
     want = (f"communicator '{name}' spans {len(hosts)} hosts (ranks per host {'+'.join(map(str, sizes))}"
             f"{'' if len(set(sizes)) == 1 else ', uneven'}): this rank is on host {hosts.index(mine)} at local "
             f"index {index}; shared memory with {sizes[hosts.index(mine)] - 1} rank(s) of its host, TCP to the "
-            "other hosts")
+            f"other hosts{leaders}")
     lines = [ln for ln in d.log(rank) if f"TCCOMM INFO communicator '{name}' spans" in ln]
     assert len(lines) == 1 and lines[0].endswith(want), (
         f"rank {rank}, group {members}: expected one INFO line ending {want!r}; got {lines}")
