@@ -54,6 +54,15 @@ without it): after the torch.distributed backends of each world size,
 bench_mpi.py runs the same points as a separate mpirun job, measured and
 verified the same way, into the same CSV, table (openmpi time / tccomm time)
 and plots.
+
+--rounds R repeats each world size's sweep R times, one op at a time, and
+alternates from op to op and from round to round which job runs first (the
+torch.distributed backends' or Open MPI's), so that neither peer always
+meets the machine's faster or slower minutes: on a shared or virtual machine
+whose speed drifts, one job after the other can differ by 2x for reasons of
+its own. Each point then reports the median of its R round medians, and the
+spread is that of the round medians; the CSV's "rounds" column says how
+many.
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ import datetime
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -471,7 +481,7 @@ def report(args, rows: list[dict], memcpy: float, stem: str, shared: dict[int, f
         fields = ["world", "backend", "op", "bytes", "count", "dtype", "iters", "samples",
                   "time_us", "time_min_us", "time_max_us", "spread_pct", "verified",
                   "algbw_GBps", "busbw_GBps", "busbw_fraction_of_memcpy",
-                  "busbw_fraction_of_shared_memcpy"]
+                  "busbw_fraction_of_shared_memcpy", "rounds"]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows + host_rows:
@@ -552,6 +562,37 @@ def report(args, rows: list[dict], memcpy: float, stem: str, shared: dict[int, f
         print(f"wrote {png}")
 
 
+def round_parts(args) -> list[argparse.Namespace]:
+    """What one round runs as one job per backend: every op at once when
+    there is a single round, else one op at a time, so that the jobs of
+    different backends alternate within minutes of each other."""
+    if args.rounds == 1:
+        return [args]
+    return [argparse.Namespace(**{**vars(args), "ops": op}) for op in args.ops.split(",")]
+
+
+def combine_rounds(rows: list[dict]) -> list[dict]:
+    """One row per (world, backend, op, bytes): with several rounds, the
+    median of the rounds' medians, its min .. max over the rounds, and the
+    bandwidths of that median. A single round's rows pass through."""
+    points: dict[tuple, list[dict]] = {}
+    for r in rows:
+        points.setdefault((r["world"], r["backend"], r["op"], r["bytes"]), []).append(r)
+    out = []
+    for (world, _, op, nbytes), group in points.items():
+        times = sorted(r["time_us"] for r in group)
+        row = {k: v for k, v in group[0].items() if k != "round"}
+        row["rounds"] = len(group)
+        if len(group) > 1 and op != HOST_OP:
+            med = statistics.median(times)
+            algbw = nbytes / (med * 1e-6) / 1e9
+            row.update(time_us=med, time_min_us=times[0], time_max_us=times[-1],
+                       spread_pct=100 * (times[-1] - times[0]) / med,
+                       algbw_GBps=algbw, busbw_GBps=algbw * FACTOR[op](world))
+        out.append(row)
+    return out
+
+
 def add_sweep_options(p: argparse.ArgumentParser) -> None:
     """The options of a sweep that every peer's benchmark shares (ops, dtype,
     sizes, timing conventions, output), so all are measured alike."""
@@ -597,6 +638,11 @@ def main() -> None:
                         "(no sweep)")
     p.add_argument("--gpus", type=int, default=0, help=argparse.SUPPRESS)
     add_sweep_options(p)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat each world size's sweep this many times, one op at a time, "
+                        "alternating which job (the torch.distributed backends', Open MPI's) "
+                        "runs first; each point reports the median of its rounds' medians and "
+                        "their spread (default 1)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--results", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -618,6 +664,8 @@ def main() -> None:
             str(w) for w in sorted({1, max(2, args.gpus)}))
     if args.samples < 1:
         p.error("--samples must be at least 1")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     if args.quick:
         args.max_bytes = min(args.max_bytes, 1 << 20)
         args.time_per_point = min(args.time_per_point, 0.05)
@@ -645,7 +693,6 @@ def main() -> None:
 
     os.makedirs(args.out_dir, exist_ok=True)
     stem = os.path.join(args.out_dir, "bench_" + time.strftime("%Y%m%d-%H%M%S"))
-    raw = stem + ".jsonl"
     memcpy = memcpy_bandwidth()  # the CPU reference line; on CUDA only for context
     print(f"single-core memcpy bandwidth: {memcpy:.2f} GB/s; "
           f"transport: TCCOMM_TRANSPORT={os.environ.get('TCCOMM_TRANSPORT', '(unset: auto)')}")
@@ -653,18 +700,30 @@ def main() -> None:
     shared = ({w: shared_memcpy_bandwidth(w) for w in worlds}
               if args.device == "cpu" and not args.host_only else {})
     t0 = time.monotonic()
+    rows = []
     for world in worlds:
         what = ("host time per eager all_reduce call only" if args.host_only
                 else f"{human(args.min_bytes)} .. {human(args.max_bytes)}")
         print(f"\n== {world} ranks, {args.backends}, {what}", flush=True)
-        if torch_backends:
-            run_world(args, world, raw)
-        if mpi:  # a separate mpirun job, after the torch.distributed backends
-            bench_mpi.run_world(args, world, raw)
-    rows = [json.loads(line) for line in open(raw)] if os.path.exists(raw) else []
-    if os.path.exists(raw):
-        os.remove(raw)
-    report(args, rows, memcpy, stem, shared)
+        for k in range(args.rounds):
+            raw = f"{stem}.round{k}.jsonl"
+            for i, part in enumerate(round_parts(args)):
+                jobs = []
+                if torch_backends:
+                    jobs.append((",".join(torch_backends), lambda p=part: run_world(p, world, raw)))
+                if mpi:  # a separate mpirun job
+                    jobs.append((MPI, lambda p=part: bench_mpi.run_world(p, world, raw)))
+                if (k + i) % 2:  # rounds alternate which job meets the machine first
+                    jobs.reverse()
+                if args.rounds > 1:
+                    print(f"-- round {k + 1}/{args.rounds}, {part.ops}: "
+                          f"{' then '.join(name for name, _ in jobs)}", flush=True)
+                for _, job in jobs:
+                    job()
+            if os.path.exists(raw):
+                rows += [dict(json.loads(line), round=k) for line in open(raw)]
+                os.remove(raw)
+    report(args, combine_rounds(rows), memcpy, stem, shared)
     print(f"total {time.monotonic() - t0:.0f} s")
 
 
