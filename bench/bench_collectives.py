@@ -285,10 +285,7 @@ def worker(args) -> None:
             for b in rotated(backends, point + 1):
                 for _ in range(args.warmup):
                     fn(groups[b])
-                one = timed_batch(groups[b], fn, 1)
-                batch_seconds = args.time_per_point / args.samples
-                iters[b] = int(min(args.max_iters, max(args.min_iters,
-                                                       batch_seconds / max(one, 1e-7))))
+                iters[b] = calibrated_iters(lambda n, b=b: timed_batch(groups[b], fn, n), args)
             samples = {b: [] for b in backends}
             for k in range(args.samples):
                 for b in rotated(backends, point + k):
@@ -560,6 +557,26 @@ def report(args, rows: list[dict], memcpy: float, stem: str, shared: dict[int, f
         return
     for png in plot_results.plot_rows(rows, stem, memcpy):
         print(f"wrote {png}")
+
+
+def calibrated_iters(timed, args) -> int:
+    """Iterations per timed batch, so that a batch lasts about
+    --time-per-point / --samples seconds. timed(n) runs n iterations after a
+    barrier and returns the seconds per iteration that every rank agrees on
+    (so every rank makes the same choices here). The estimate comes from a
+    run of at least a quarter of a batch, doubling from one iteration: one
+    call alone also carries the ranks' skew in leaving the barrier, worth
+    milliseconds with 4 ranks on 2 CPUs, and sized batches of a few dozen
+    iterations whose time was mostly that skew (8 B all_reduce: 31
+    iterations, 124 us each, against 26-42 us in longer runs)."""
+    batch_seconds = args.time_per_point / args.samples
+    n = 1
+    while True:
+        per = timed(n)
+        if per * n >= batch_seconds / 4 or n >= args.max_iters:
+            break
+        n = min(2 * n, args.max_iters)
+    return int(min(args.max_iters, max(args.min_iters, batch_seconds / max(per, 1e-7))))
 
 
 def round_parts(args) -> list[argparse.Namespace]:

@@ -300,9 +300,7 @@ def rank_main(args) -> None:
             verify(op, actual, fn, reset, output, per)
             for _ in range(args.warmup):
                 fn()
-            one = timed_batch(fn, 1)
-            batch_seconds = args.time_per_point / args.samples
-            iters = int(min(args.max_iters, max(args.min_iters, batch_seconds / max(one, 1e-7))))
+            iters = bc.calibrated_iters(lambda n: timed_batch(fn, n), args)
             samples = [timed_batch(fn, iters) for _ in range(args.samples)]
             med = statistics.median(samples)
             lo, hi = min(samples), max(samples)
