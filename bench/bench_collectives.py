@@ -50,19 +50,19 @@ means tccomm is faster).
 
 --backends tccomm,gloo,openmpi adds Open MPI (CPU only, optional: needs
 mpirun and mpi4py; when missing, one line says so and the run goes on
-without it): after the torch.distributed backends of each world size,
-bench_mpi.py runs the same points as a separate mpirun job, measured and
-verified the same way, into the same CSV, table (openmpi time / tccomm time)
-and plots.
+without it). The ranks are then started by mpirun, every rank also
+initializes MPI (bench_mpi.py), and each point is verified and timed on
+Open MPI exactly as on the torch.distributed groups: the same tensors, in
+the same processes, batch by batch with the others, into the same CSV,
+table (openmpi time / tccomm time) and plots. Measured in separate jobs,
+one after the other, two peers meet different minutes of a machine whose
+speed drifts (by 2x on a shared or virtual one); batch by batch they meet
+the same ones.
 
---rounds R repeats each world size's sweep R times, one op at a time, and
-alternates from op to op and from round to round which job runs first (the
-torch.distributed backends' or Open MPI's), so that neither peer always
-meets the machine's faster or slower minutes: on a shared or virtual machine
-whose speed drifts, one job after the other can differ by 2x for reasons of
-its own. Each point then reports the median of its R round medians, and the
-spread is that of the round medians; the CSV's "rounds" column says how
-many.
+--rounds R repeats each world size's sweep R times, one op at a time, so
+that each op's rounds are spread over the run. Each point then reports the
+median of its R round medians, and the spread is that of the round medians;
+the CSV's "rounds" column says how many.
 """
 
 from __future__ import annotations
@@ -169,10 +169,17 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    backends = args.backends.split(",")
+    torch_backends = [b for b in backends if b != MPI]
+    if MPI in backends:  # started by mpirun (run_world): MPI first, its rank is ours
+        import bench_mpi
+        mpi, mpi_comm = bench_mpi.open_world()
+        for name, ompi in (("RANK", "RANK"), ("WORLD_SIZE", "SIZE"), ("LOCAL_RANK", "LOCAL_RANK"),
+                           ("LOCAL_WORLD_SIZE", "LOCAL_SIZE")):
+            os.environ[name] = os.environ[f"OMPI_COMM_WORLD_{ompi}"]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dtype = getattr(torch, args.dtype)
     elem = DTYPE_BYTES[args.dtype]
-    backends = [b for b in args.backends.split(",") if b != MPI]  # openmpi: its own job
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -182,9 +189,11 @@ def worker(args) -> None:
         if cuda:
             torch.cuda.synchronize()
 
-    dist.init_process_group(backends[0], timeout=datetime.timedelta(seconds=300))
-    groups = {backends[0]: None}
-    for b in backends[1:]:
+    # Open MPI alone: the default group is a gloo one, never measured.
+    dist.init_process_group(torch_backends[0] if torch_backends else "gloo",
+                            timeout=datetime.timedelta(seconds=300))
+    groups = {torch_backends[0]: None} if torch_backends else {}
+    for b in torch_backends[1:]:
         groups[b] = dist.new_group(list(range(world)), backend=b)
     # A gloo group of its own, never measured: barriers between timed batches
     # and the agreement on results go through it, so no backend's own barrier
@@ -194,32 +203,39 @@ def worker(args) -> None:
     ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
+    def torch_call(op, g, inp, out):
+        """One iteration of `op` on group g (a callable taking no argument)."""
+        if op == "allreduce":
+            return lambda: dist.all_reduce(inp, group=g)
+        if op == "broadcast":
+            return lambda: dist.broadcast(inp, src=0, group=g)
+        if op == "allgather":
+            return lambda: ag(out, inp, group=g)
+        if op == "reduce_scatter":
+            return lambda: rs(out, inp, group=g)
+        if op == "alltoall":
+            return lambda: dist.all_to_all_single(out, inp, group=g)
+        raise ValueError(op)
+
     def make(op, size_bytes):
-        """Returns (fn, reset, output, actual size in bytes, per-rank block):
-        fn runs one iteration of `op`, reset refills the inputs with this
-        rank's rank_input, output is the tensor to verify after one fn."""
+        """Returns (fns, reset, output, actual size in bytes, per-rank block):
+        fns[b] runs one iteration of `op` on backend b, all on the same
+        tensors; reset refills the inputs with this rank's rank_input,
+        output is the tensor to verify after one call."""
         count = max(1, size_bytes // elem)
         per = max(1, count // world)
         n_in = {"allreduce": count, "broadcast": count, "allgather": per}.get(op, per * world)
         inp = torch.empty(n_in, device=device, dtype=dtype)
+        n_out = {"allreduce": 0, "broadcast": 0, "reduce_scatter": per}.get(op, per * world)
+        out = torch.empty(n_out, device=device, dtype=dtype) if n_out else None
+        actual = (count if n_out == 0 else per * world) * elem
 
         def reset():
             inp.copy_(rank_input(torch, rank, n_in, dtype))
-        if op == "allreduce":
-            return (lambda g: dist.all_reduce(inp, group=g)), reset, inp, count * elem, per
-        if op == "broadcast":
-            return (lambda g: dist.broadcast(inp, src=0, group=g)), reset, inp, count * elem, per
-        if op == "allgather":
-            out = torch.empty(per * world, device=device, dtype=dtype)
-            return (lambda g: ag(out, inp, group=g)), reset, out, per * world * elem, per
-        if op == "reduce_scatter":
-            out = torch.empty(per, device=device, dtype=dtype)
-            return (lambda g: rs(out, inp, group=g)), reset, out, per * world * elem, per
-        if op == "alltoall":
-            out = torch.empty(per * world, device=device, dtype=dtype)
-            return ((lambda g: dist.all_to_all_single(out, inp, group=g)), reset, out,
-                    per * world * elem, per)
-        raise ValueError(op)
+        fns = {b: torch_call(op, groups[b], inp, out) for b in torch_backends}
+        if MPI in backends and not bench_mpi.not_available(op, args.dtype):
+            fns[MPI] = bench_mpi.op_call(mpi, mpi_comm, op, inp, out, args.dtype)
+        return fns, reset, inp if out is None else out, actual, per
 
     def agree_max(value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)
@@ -234,7 +250,7 @@ def worker(args) -> None:
         output.fill_(-1.0)  # rank_input is never negative: stale data cannot pass
         reset()  # after the fill: allreduce and broadcast work in place
         sync()
-        fn(groups[b])
+        fn()
         sync()
         want = expected_output(torch, op, rank, world, actual // elem, per, dtype)
         problem = mismatch(torch, output, want)
@@ -245,14 +261,14 @@ def worker(args) -> None:
             raise SystemExit(f"rank {rank}: backend {b} computed a wrong {op} of "
                              f"{human(actual)} on {world} ranks; benchmark aborted")
 
-    def timed_batch(g, fn, iters: int) -> float:
+    def timed_batch(fn, iters: int) -> float:
         """Slowest rank's seconds per iteration over one batch; the ranks
         start together at a barrier of the neutral group."""
         sync()
         dist.barrier(group=ctl)
         t0 = time.perf_counter()
         for _ in range(iters):
-            fn(g)
+            fn()
         sync()
         return agree_max((time.perf_counter() - t0) / iters)
 
@@ -269,29 +285,33 @@ def worker(args) -> None:
         s *= 2
     point = 0
     for op in [] if args.host_only else args.ops.split(","):
+        why = bench_mpi.not_available(op, args.dtype) if MPI in backends else None
+        if why and rank == 0:
+            print(f"  n={world} {op:15s} {MPI}: {why}", flush=True)
         for size in sizes:
-            fn, reset, output, actual, per = make(op, size)
+            fns, reset, output, actual, per = make(op, size)
             # Under one element per rank: no such point. A world size that
             # does not divide the size (3, 5 ranks) runs the largest multiple
             # of it below, recorded as what it is.
-            if actual > size:
+            if actual > size or not fns:
                 continue
             point += 1
+            measured = [b for b in backends if b in fns]
             # Which backend goes first changes from point to point and from
-            # batch to batch, so neither always meets a cold (or warm) cache.
-            for b in rotated(backends, point):
-                verify(b, op, actual, fn, reset, output, per)
+            # batch to batch, so none always meets a cold (or warm) cache.
+            for b in rotated(measured, point):
+                verify(b, op, actual, fns[b], reset, output, per)
             iters = {}
-            for b in rotated(backends, point + 1):
+            for b in rotated(measured, point + 1):
                 for _ in range(args.warmup):
-                    fn(groups[b])
-                iters[b] = calibrated_iters(lambda n, b=b: timed_batch(groups[b], fn, n), args)
-            samples = {b: [] for b in backends}
+                    fns[b]()
+                iters[b] = calibrated_iters(lambda n, b=b: timed_batch(fns[b], n), args)
+            samples = {b: [] for b in measured}
             for k in range(args.samples):
-                for b in rotated(backends, point + k):
-                    samples[b].append(timed_batch(groups[b], fn, iters[b]))
+                for b in rotated(measured, point + k):
+                    samples[b].append(timed_batch(fns[b], iters[b]))
             row = {}
-            for b in backends:
+            for b in measured:
                 med = statistics.median(samples[b])
                 lo, hi = min(samples[b]), max(samples[b])
                 row[b] = (med, lo, hi)
@@ -306,28 +326,28 @@ def worker(args) -> None:
                 # median, and (max - min) / median of the batches
                 cells = "  ".join(f"{b}: {row[b][0] * 1e6:10.1f} us "
                                   f"({100 * (row[b][2] - row[b][1]) / row[b][0]:5.1f}%)"
-                                  for b in backends)
+                                  for b in measured)
                 ratio = ""
-                if len(backends) > 1:
-                    ratio = f"  ratio {row[backends[1]][0] / row[backends[0]][0]:6.2f}x"
+                if len(measured) > 1:
+                    ratio = f"  ratio {row[measured[1]][0] / row[measured[0]][0]:6.2f}x"
                 print(f"  n={world} {op:15s} {human(actual):>9s}  {cells}{ratio}", flush=True)
     if cuda and world == 1:
         host = {b: host_time_per_call(dist, torch, device, b, groups[b], args)
-                for b in rotated(backends, point + 1)}
+                for b in rotated(torch_backends, point + 1)}
         for b, secs in host.items():
             record({"world": world, "backend": b, "device": "cuda", "op": HOST_OP,
                     "bytes": args.host_count * DTYPE_BYTES["float32"], "count": args.host_count, "dtype": "float32",
                     "iters": args.host_iters, "time_us": secs * 1e6, "algbw_GBps": 0.0,
                     "busbw_GBps": 0.0})
         if rank == 0:
-            cells = "  ".join(f"{b}: {host[b] * 1e6:8.2f} us" for b in backends)
+            cells = "  ".join(f"{b}: {host[b] * 1e6:8.2f} us" for b in torch_backends)
             print(f"  host time per eager all_reduce ({args.host_count} floats): {cells}", flush=True)
     dist.barrier(group=ctl)
     dist.destroy_process_group()
 
 
 HOST_OP = "allreduce_host_time"
-MPI = "openmpi"  # not a torch.distributed backend: measured by bench_mpi.py under mpirun
+MPI = "openmpi"  # not a torch.distributed backend: MPI calls in the same ranks (bench_mpi.py)
 
 
 def host_time_per_call(dist, torch, device, backend, group, args) -> float:
@@ -433,7 +453,12 @@ def free_port() -> int:
 
 
 def run_world(args, world: int, results: str) -> None:
+    """Runs one world size's ranks; rank 0 appends its rows (JSON lines) to
+    `results`. A failed rank removes `results` and stops the run."""
     port = free_port()
+    if MPI in args.backends.split(","):
+        run_under_mpirun(args, world, port, results)
+        return
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
@@ -444,15 +469,7 @@ def run_world(args, world: int, results: str) -> None:
             # More ranks than GPUs: NCCL must see separate hosts talking over sockets.
             env.update(NCCL_HOSTID=f"tccomm-bench-host-{rank}", NCCL_SOCKET_IFNAME="lo",
                        NCCL_NET="Socket", NCCL_IB_DISABLE="1", NCCL_MNNVL_ENABLE="0")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--results", results,
-               "--device", args.device, "--host-count", str(args.host_count),
-               "--host-iters", str(args.host_iters), "--host-chunk", str(args.host_chunk),
-               "--backends", args.backends, "--ops", args.ops,
-               "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
-               "--warmup", str(args.warmup), "--time-per-point", str(args.time_per_point),
-               "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
-               "--samples", str(args.samples), "--dtype", args.dtype] + (["--host-only"] if args.host_only else [])
-        procs.append(subprocess.Popen(cmd, env=env))
+        procs.append(subprocess.Popen(worker_command(args, results), env=env))
     deadline = time.monotonic() + args.timeout
     for p in procs:
         try:
@@ -467,6 +484,41 @@ def run_world(args, world: int, results: str) -> None:
         if os.path.exists(results):
             os.remove(results)  # a run with a failed rank reports nothing
         raise SystemExit(f"world {world}: a rank failed (exit codes {bad}); no results written")
+
+
+def worker_command(args, results: str) -> list[str]:
+    """The rank program's command line."""
+    return [sys.executable, os.path.abspath(__file__), "--worker", "--results", results,
+            "--device", args.device, "--host-count", str(args.host_count),
+            "--host-iters", str(args.host_iters), "--host-chunk", str(args.host_chunk),
+            "--backends", args.backends, "--ops", args.ops,
+            "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
+            "--warmup", str(args.warmup), "--time-per-point", str(args.time_per_point),
+            "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
+            "--samples", str(args.samples), "--dtype", args.dtype] + (["--host-only"] if args.host_only else [])
+
+
+def run_under_mpirun(args, world: int, port: int, results: str) -> None:
+    """The ranks as one mpirun job (bench_mpi.mpirun_command): with Open MPI
+    among the backends every rank also initializes MPI, and takes its rank
+    from mpirun."""
+    import bench_mpi
+    cmd, note = bench_mpi.mpirun_command(world)
+    print(f"-- {world} ranks under mpirun: {note}", flush=True)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore::FutureWarning")
+    # A session of its own, so that a job past the timeout goes down with all its ranks.
+    proc = subprocess.Popen(cmd + worker_command(args, results), env=env, start_new_session=True)
+    try:
+        code = proc.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise SystemExit(f"world {world}: the benchmark did not finish within {args.timeout} s")
+    if code != 0:
+        if os.path.exists(results):
+            os.remove(results)  # a run with a failed rank reports nothing
+        raise SystemExit(f"world {world}: a rank failed (mpirun exit code {code}); no results written")
 
 
 def report(args, rows: list[dict], memcpy: float, stem: str, shared: dict[int, float] | None = None) -> None:
@@ -580,9 +632,9 @@ def calibrated_iters(timed, args) -> int:
 
 
 def round_parts(args) -> list[argparse.Namespace]:
-    """What one round runs as one job per backend: every op at once when
-    there is a single round, else one op at a time, so that the jobs of
-    different backends alternate within minutes of each other."""
+    """What one round runs, one job each: every op at once when there is a
+    single round, else one op at a time, so that each op's rounds are spread
+    over the run's minutes rather than run back to back."""
     if args.rounds == 1:
         return [args]
     return [argparse.Namespace(**{**vars(args), "ops": op}) for op in args.ops.split(",")]
@@ -642,7 +694,7 @@ def main() -> None:
     p.add_argument("--backends", default=None,
                    help="the first is the default group; ratios are second / first "
                         "(default: tccomm,gloo on CPU, tccomm,nccl on CUDA); "
-                        "openmpi adds Open MPI through bench_mpi.py (CPU, optional)")
+                        "openmpi adds Open MPI, measured in the same ranks (CPU, optional)")
     p.add_argument("--host-count", type=int, default=256,
                    help="CUDA, world 1: floats per all_reduce in the host-time measurement")
     p.add_argument("--host-iters", type=int, default=2000,
@@ -656,10 +708,9 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=0, help=argparse.SUPPRESS)
     add_sweep_options(p)
     p.add_argument("--rounds", type=int, default=1,
-                   help="repeat each world size's sweep this many times, one op at a time, "
-                        "alternating which job (the torch.distributed backends', Open MPI's) "
-                        "runs first; each point reports the median of its rounds' medians and "
-                        "their spread (default 1)")
+                   help="repeat each world size's sweep this many times, one op at a time; "
+                        "each point reports the median of its rounds' medians and their "
+                        "spread (default 1)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--results", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -706,7 +757,6 @@ def main() -> None:
             args.backends = ",".join(b for b in args.backends.split(",") if b != MPI)
             if not args.backends:
                 raise SystemExit("no backend left to measure")
-    torch_backends = [b for b in args.backends.split(",") if b != MPI]
 
     os.makedirs(args.out_dir, exist_ok=True)
     stem = os.path.join(args.out_dir, "bench_" + time.strftime("%Y%m%d-%H%M%S"))
@@ -724,19 +774,10 @@ def main() -> None:
         print(f"\n== {world} ranks, {args.backends}, {what}", flush=True)
         for k in range(args.rounds):
             raw = f"{stem}.round{k}.jsonl"
-            for i, part in enumerate(round_parts(args)):
-                jobs = []
-                if torch_backends:
-                    jobs.append((",".join(torch_backends), lambda p=part: run_world(p, world, raw)))
-                if mpi:  # a separate mpirun job
-                    jobs.append((MPI, lambda p=part: bench_mpi.run_world(p, world, raw)))
-                if (k + i) % 2:  # rounds alternate which job meets the machine first
-                    jobs.reverse()
+            for part in round_parts(args):
                 if args.rounds > 1:
-                    print(f"-- round {k + 1}/{args.rounds}, {part.ops}: "
-                          f"{' then '.join(name for name, _ in jobs)}", flush=True)
-                for _, job in jobs:
-                    job()
+                    print(f"-- round {k + 1}/{args.rounds}, {part.ops}: {args.backends}", flush=True)
+                run_world(part, world, raw)
             if os.path.exists(raw):
                 rows += [dict(json.loads(line), round=k) for line in open(raw)]
                 os.remove(raw)

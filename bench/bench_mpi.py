@@ -1,53 +1,49 @@
-"""Open MPI as one more peer of bench_collectives.py: the same points, measured
-and verified the same way, written as CSV rows with backend "openmpi".
+"""Open MPI as one more peer of bench_collectives.py, measured in the same
+processes as the torch.distributed backends.
 
+    python bench/bench_collectives.py --backends tccomm,gloo,openmpi  # all three, one run
     python bench/bench_mpi.py --worlds 2 --max-bytes 4M             # Open MPI alone
-    python bench/bench_collectives.py --backends tccomm,gloo,openmpi  # next to tccomm and gloo
 
 Optional: needs Open MPI's mpirun and mpi4py (apt-get install openmpi-bin
 libopenmpi-dev; pip install mpi4py, which builds against that Open MPI).
 Without them it says so in one line (this script then exits 2;
 bench_collectives.py goes on with its other backends).
 
-This file is both the launcher and the rank program. The launcher starts, for
-each world size, one job
+With openmpi among the backends, bench_collectives.py starts each world
+size's ranks with
 
     mpirun --allow-run-as-root --oversubscribe -np N --bind-to none
            --mca pml ob1 --mca btl self,vader
-           --mca btl_vader_single_copy_mechanism cma|none  python bench_mpi.py --rank ...
+           --mca btl_vader_single_copy_mechanism cma|none  python bench_collectives.py --worker ...
 
 (pml ob1: otherwise a UCX pml, when Open MPI has one, takes over and the btl
 choice means nothing; vader with CMA single copy is what Open MPI uses on one
 host, and the launcher first checks that CMA is permitted here, falling back
 to vader's copy through shared memory when the ptrace policy forbids it).
+Every rank then also initializes MPI, and each point is verified and timed
+on MPI_COMM_WORLD's duplicate exactly as on the torch.distributed groups:
+the same tensors, the same Python loop, batch by batch with the backends'
+order rotating. A peer measured in a job of its own meets other minutes of
+a machine whose speed drifts; batch by batch, both meet the same ones.
 
-Per point, as in bench_collectives.worker: rank-dependent small-integer
-inputs, one run whose whole output every rank compares with the plain-torch
-reference (a wrong result on any rank aborts the run), --warmup iterations,
-one timed iteration to choose the iterations per batch, --samples batches
-each started at a barrier of a communicator that is never measured; a
-batch's time is the slowest rank's time per iteration, a point reports the
-median. Buffers are torch tensors handed to MPI as numpy views (no copy):
-float32 as MPI_FLOAT, float64 as MPI_DOUBLE, bfloat16 and float16 as their
-raw 16-bit words (MPI_UINT16_T): fine for moving data, but Open MPI has no
-MPI_SUM on 16-bit floats, so allreduce and reduce_scatter in those types are
-reported as not available rather than measured on some other type.
+Buffers are the point's torch tensors handed to MPI as numpy views (no
+copy): float32 as MPI_FLOAT, float64 as MPI_DOUBLE, bfloat16 and float16 as
+their raw 16-bit words (MPI_UINT16_T): fine for moving data, but Open MPI has
+no MPI_SUM on 16-bit floats, so allreduce and reduce_scatter in those types
+are reported as not available rather than measured on some other type.
 
 MPI calls: allreduce MPI_Allreduce(MPI_IN_PLACE, SUM) (in place, as
 dist.all_reduce), allgather MPI_Allgather, reduce_scatter
 MPI_Reduce_scatter_block (SUM), broadcast MPI_Bcast (root 0), alltoall
-MPI_Alltoall. Sizes, busbw factors and the CSV are bench_collectives.py's.
+MPI_Alltoall.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -159,216 +155,65 @@ def mpirun_command(world: int) -> tuple[list[str], str]:
     return cmd, f"{mpirun_version(shutil.which('mpirun') or 'mpirun')}, btl self,vader, {note}"
 
 
-def run_world(args, world: int, results: str) -> None:
-    """Runs the MPI job for one world size; rank 0 appends its rows (JSON
-    lines) to `results`. A failed job removes `results` and stops the run, as
-    a failed rank does in bench_collectives.run_world."""
-    cmd, note = mpirun_command(world)
-    print(f"-- {world} ranks, {BACKEND}: {note}", flush=True)
-    cmd += [sys.executable, os.path.abspath(__file__), "--rank", "--results", results,
-            "--ops", args.ops, "--dtype", args.dtype,
-            "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
-            "--warmup", str(args.warmup), "--time-per-point", str(args.time_per_point),
-            "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
-            "--samples", str(args.samples)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore::FutureWarning")
-    # A session of its own, so that a job past the timeout goes down with all its ranks.
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    try:
-        code = proc.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.wait()
-        raise SystemExit(f"world {world}: {BACKEND} did not finish within {args.timeout} s")
-    if code != 0:
-        if os.path.exists(results):
-            os.remove(results)  # a run with a failed rank reports nothing
-        raise SystemExit(f"world {world}: the {BACKEND} job failed (mpirun exit code {code}); "
-                         "no results written")
-
-
-# ---------------------------------------------------------------------------
-# rank program (under mpirun)
-# ---------------------------------------------------------------------------
-
-
-def say(line: str, stream=sys.stderr) -> None:
-    """One write per line: mpirun forwards the ranks' output in pieces, and
-    print() under PYTHONUNBUFFERED writes the text and its newline apart."""
-    stream.write(line + "\n")
-    stream.flush()
-
-
-def rank_main(args) -> None:
-    import statistics
-
+def open_world():
+    """MPI, initialized in this rank (started by mpirun), and a duplicate of
+    MPI_COMM_WORLD for the measured calls. One thread calls MPI, as one
+    thread calls tccomm: no MPI_THREAD_MULTIPLE locking in Open MPI's path
+    (mpi4py asks for it by default)."""
     import mpi4py
-    # One thread calls MPI, as one thread calls tccomm: no MPI_THREAD_MULTIPLE
-    # locking in Open MPI's path (mpi4py asks for it by default).
     mpi4py.rc.thread_level = "single"
     from mpi4py import MPI
-    import torch
-
-    torch.set_num_threads(1)
-    comm = MPI.COMM_WORLD
-    # Barriers between timed batches and the agreement on results: a
-    # communicator of their own, never measured (bench_collectives' ctl group).
-    ctl = comm.Dup()
-    rank, world = comm.Get_rank(), comm.Get_size()
     vendor = MPI.get_vendor()
     if vendor[0] != "Open MPI":
-        say(f"mpi4py runs on {vendor[0]}, not Open MPI: rebuild it "
-            "(pip install --no-binary mpi4py --force-reinstall mpi4py)")
-        raise SystemExit(1)
-    dtype = getattr(torch, args.dtype)
-    elem = bc.DTYPE_BYTES[args.dtype]
-    # 16-bit floats travel as raw 16-bit words; only data movement is valid on them.
-    mpi_type = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE}.get(args.dtype, MPI.UINT16_T)
-    has_sum = args.dtype in ("float32", "float64")
+        raise SystemExit(f"mpi4py runs on {vendor[0]}, not Open MPI: rebuild it "
+                         "(pip install --no-binary mpi4py --force-reinstall mpi4py)")
+    return MPI, MPI.COMM_WORLD.Dup()
+
+
+def not_available(op: str, dtype: str) -> str | None:
+    """Why Open MPI cannot run `op` on `dtype`, or None."""
+    if op in REDUCTIONS and dtype not in ("float32", "float64"):
+        return f"not available in {dtype} (Open MPI has no MPI_SUM on 16-bit floats)"
+    return None
+
+
+def op_call(MPI, comm, op: str, inp, out, dtype: str):
+    """One iteration of `op` on these tensors as Open MPI runs it (a
+    callable taking no argument), as bench_collectives' make builds them for
+    the torch.distributed groups; out is None for the in-place ops."""
+    import torch
+
+    mpi_type = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE}.get(dtype, MPI.UINT16_T)
 
     def buf(t):
         """The tensor's memory for MPI: a numpy view (bfloat16 has no numpy type)."""
-        return [(t.view(torch.int16) if elem == 2 else t).numpy(), mpi_type]
+        return [(t.view(torch.int16) if t.element_size() == 2 else t).numpy(), mpi_type]
 
-    def make(op, size_bytes):
-        """As bench_collectives.worker's make: (fn, reset, output, actual
-        bytes, per-rank block)."""
-        count = max(1, size_bytes // elem)
-        per = max(1, count // world)
-        n_in = {"allreduce": count, "broadcast": count, "allgather": per}.get(op, per * world)
-        inp = torch.empty(n_in, dtype=dtype)
-        b_in = buf(inp)
-
-        def reset():
-            inp.copy_(bc.rank_input(torch, rank, n_in, dtype))
-        if op == "allreduce":
-            return (lambda: comm.Allreduce(MPI.IN_PLACE, b_in, MPI.SUM)), reset, inp, count * elem, per
-        if op == "broadcast":
-            return (lambda: comm.Bcast(b_in, root=0)), reset, inp, count * elem, per
-        out = torch.empty(per if op == "reduce_scatter" else per * world, dtype=dtype)
-        b_out = buf(out)
-        if op == "allgather":
-            fn = lambda: comm.Allgather(b_in, b_out)  # noqa: E731
-        elif op == "reduce_scatter":
-            fn = lambda: comm.Reduce_scatter_block(b_in, b_out, MPI.SUM)  # noqa: E731
-        elif op == "alltoall":
-            fn = lambda: comm.Alltoall(b_in, b_out)  # noqa: E731
-        else:
-            raise ValueError(op)
-        return fn, reset, out, per * world * elem, per
-
-    def agree_max(value: float) -> float:
-        return ctl.allreduce(value, op=MPI.MAX)
-
-    def verify(op, actual, fn, reset, output, per) -> None:
-        output.fill_(-1.0)  # rank_input is never negative: stale data cannot pass
-        reset()  # after the fill: allreduce and broadcast work in place
-        fn()
-        want = bc.expected_output(torch, op, rank, world, actual // elem, per, dtype)
-        problem = bc.mismatch(torch, output, want)
-        if problem:
-            say(f"WRONG RESULT: backend {BACKEND}, op {op}, size {bc.human(actual)}, "
-                f"{world} ranks, rank {rank}: {problem}")
-        if agree_max(1.0 if problem else 0.0):
-            say(f"rank {rank}: backend {BACKEND} computed a wrong {op} of "
-                f"{bc.human(actual)} on {world} ranks; benchmark aborted")
-            raise SystemExit(1)
-
-    def timed_batch(fn, iters: int) -> float:
-        ctl.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return agree_max((time.perf_counter() - t0) / iters)
-
-    out = open(args.results, "a") if rank == 0 else None
-    sizes = []  # bench_collectives.worker's sizes
-    s = args.min_bytes
-    while s <= args.max_bytes:
-        sizes.append(s)
-        s *= 2
-    for op in args.ops.split(","):
-        if op in REDUCTIONS and not has_sum:
-            if rank == 0:
-                say(f"  n={world} {op:15s} {BACKEND}: not available in {args.dtype} "
-                    "(Open MPI has no MPI_SUM on 16-bit floats)", sys.stdout)
-            continue
-        for size in sizes:
-            fn, reset, output, actual, per = make(op, size)
-            if actual != size:  # under one element per rank: no such point
-                continue
-            verify(op, actual, fn, reset, output, per)
-            for _ in range(args.warmup):
-                fn()
-            iters = bc.calibrated_iters(lambda n: timed_batch(fn, n), args)
-            samples = [timed_batch(fn, iters) for _ in range(args.samples)]
-            med = statistics.median(samples)
-            lo, hi = min(samples), max(samples)
-            if out:
-                algbw = actual / med / 1e9
-                out.write(json.dumps({
-                    "world": world, "backend": BACKEND, "device": "cpu", "op": op,
-                    "bytes": actual, "count": actual // elem, "dtype": args.dtype,
-                    "iters": iters, "samples": args.samples, "time_us": med * 1e6,
-                    "time_min_us": lo * 1e6, "time_max_us": hi * 1e6,
-                    "spread_pct": 100 * (hi - lo) / med, "verified": True,
-                    "algbw_GBps": algbw, "busbw_GBps": algbw * bc.FACTOR[op](world)}) + "\n")
-                out.flush()
-                say(f"  n={world} {op:15s} {bc.human(actual):>9s}  {BACKEND}: {med * 1e6:10.1f} us "
-                    f"({100 * (hi - lo) / med:5.1f}%)", sys.stdout)
-    ctl.Barrier()
-    if out:
-        out.close()
-
-
-# ---------------------------------------------------------------------------
-# standalone run
-# ---------------------------------------------------------------------------
+    b_in = buf(inp)
+    if op == "allreduce":
+        return lambda: comm.Allreduce(MPI.IN_PLACE, b_in, MPI.SUM)
+    if op == "broadcast":
+        return lambda: comm.Bcast(b_in, root=0)
+    b_out = buf(out)
+    if op == "allgather":
+        return lambda: comm.Allgather(b_in, b_out)
+    if op == "reduce_scatter":
+        return lambda: comm.Reduce_scatter_block(b_in, b_out, MPI.SUM)
+    if op == "alltoall":
+        return lambda: comm.Alltoall(b_in, b_out)
+    raise ValueError(op)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worlds", default="2,4", help="world sizes, e.g. 2,4")
-    bc.add_sweep_options(p)
-    p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--results", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.quick:
-        args.max_bytes = min(args.max_bytes, 1 << 20)
-        args.time_per_point = min(args.time_per_point, 0.05)
-        args.warmup = min(args.warmup, 2)
-    if args.rank:
-        rank_main(args)
-        return 0
+    """Open MPI alone: bench_collectives.py with --backends openmpi (a gloo
+    group still carries the barriers between batches and the agreement on
+    results)."""
     why = missing()
     if why:
         print(f"{BACKEND}: not available ({why})")
         return 2
-    if args.samples < 1:
-        p.error("--samples must be at least 1")
-    unknown = set(args.ops.split(",")) - set(bc.OPS)
-    if unknown:
-        p.error(f"unknown ops {sorted(unknown)}; choose from {','.join(bc.OPS)}")
-
-    os.makedirs(args.out_dir, exist_ok=True)
-    stem = os.path.join(args.out_dir, "bench_mpi_" + time.strftime("%Y%m%d-%H%M%S"))
-    raw = stem + ".jsonl"
-    memcpy = bc.memcpy_bandwidth()
-    print(f"single-core memcpy bandwidth: {memcpy:.2f} GB/s")
-    t0 = time.monotonic()
-    for world in [int(w) for w in args.worlds.split(",")]:
-        print(f"\n== {world} ranks, {BACKEND}, {bc.human(args.min_bytes)} .. "
-              f"{bc.human(args.max_bytes)}", flush=True)
-        run_world(args, world, raw)
-    rows = [json.loads(line) for line in open(raw)] if os.path.exists(raw) else []
-    if os.path.exists(raw):
-        os.remove(raw)
-    if not rows:
-        print("no points measured (nothing available in this dtype, or no size fits)")
-        return 0
-    args.backends = BACKEND  # report() tabulates and plots the backends it is given
-    bc.report(args, rows, memcpy, stem)
-    print(f"total {time.monotonic() - t0:.0f} s")
+    sys.argv = [bc.__file__, "--backends", BACKEND] + sys.argv[1:]
+    bc.main()
     return 0
 
 

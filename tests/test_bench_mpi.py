@@ -1,9 +1,11 @@
 """bench/bench_mpi.py adds Open MPI to the benchmark as an optional peer:
-rows in bench_collectives.py's CSV with backend "openmpi".
+rows in bench_collectives.py's CSV with backend "openmpi", measured in the
+same ranks as the torch.distributed backends.
 
 With Open MPI's mpirun and mpi4py installed, a 2-rank job at two tiny sizes
 must write one verified row per (op, size) whose figures follow the
-nccl-tests formulas; without them those tests skip, naming what is missing.
+nccl-tests formulas, and next to gloo every point is timed on both in the
+same run; without them those tests skip, naming what is missing.
 The "not available" path (one line, then the run goes on without Open MPI)
 is tested everywhere by hiding mpirun and mpi4py. No timing is asserted.
 """
@@ -72,7 +74,7 @@ def test_two_ranks_two_sizes(tmp_path):
                       "--max-bytes", "16", "--out-dir", str(tmp_path)] + TINY)
     assert code == 0, out
     assert "btl self,vader" in out, out
-    rows = _rows(str(tmp_path), "bench_mpi_*.csv")
+    rows = _rows(str(tmp_path), "bench_*.csv")
     assert sorted((r["op"], int(r["bytes"])) for r in rows) == sorted(
         (op, size) for op in FACTOR for size in (8, 16)), out
     for r in rows:
@@ -88,10 +90,29 @@ def test_16_bit_sums_are_not_available(tmp_path):
                       "--out-dir", str(tmp_path)] + TINY)
     assert code == 0, out
     assert "allreduce       openmpi: not available in bfloat16" in out, out
-    rows = _rows(str(tmp_path), "bench_mpi_*.csv")
+    rows = _rows(str(tmp_path), "bench_*.csv")
     assert sorted((r["op"], int(r["bytes"])) for r in rows) == [("allgather", 8), ("allgather", 16)]
     for r in rows:
         _check_row(r, 2, "bfloat16")
+
+
+@needs_mpi
+def test_open_mpi_beside_gloo_in_the_same_ranks(tmp_path):
+    """With gloo and openmpi, one mpirun job runs both: each point's line
+    carries both backends' times, and the CSV a verified row of each."""
+    code, out = _run([sys.executable, COLLECTIVES, "--backends", "gloo,openmpi", "--worlds", "2",
+                      "--ops", "allgather,alltoall", "--min-bytes", "64", "--max-bytes", "128",
+                      "--out-dir", str(tmp_path)] + TINY)
+    assert code == 0, out
+    assert re.search(r"-- 2 ranks under mpirun: mpirun \(Open MPI\) .*btl self,vader", out), out
+    points = re.findall(r"n=2 (\w+) +(\d+) B  gloo: .* us .*  openmpi: .* us .*  ratio", out)
+    assert sorted(points) == [(op, size) for op in ("allgather", "alltoall") for size in ("128", "64")], out
+    rows = _rows(str(tmp_path), "bench_*.csv")
+    assert sorted((r["backend"], r["op"], int(r["bytes"])) for r in rows) == sorted(
+        (b, op, size) for b in ("gloo", "openmpi") for op in ("allgather", "alltoall") for size in (64, 128))
+    for r in rows:
+        if r["backend"] == "openmpi":
+            _check_row(r, 2, "float32")
 
 
 def _without_mpi(tmp_path):
