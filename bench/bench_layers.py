@@ -14,6 +14,10 @@ Layers, each timed in the conventions of bench/bench_collectives.py
   funcol    torch.ops._c10d_functional.all_reduce + wait_tensor, what
             compiled code calls
   c10d      dist.all_reduce(t), eager c10d
+  pg        ProcessGroup.allreduce([t]).wait(): c10d without torch's Python
+            wrapper (torch's dispatcher, then the backend)
+  backend   the backend's own allreduce([t]).wait() through torch's binding:
+            the shim and the core, without the dispatcher
   gloo      dist.all_reduce(t) on a gloo group, for reference
   floor     torch.ops.aten.clone + wait_tensor on its result (no work behind
             it): what torch itself costs for the two op calls funcol makes,
@@ -77,6 +81,17 @@ def rank_main(rank: int, world: int, calls: int, out_path: str) -> None:
         dist.all_reduce(t)
         return t
 
+    pg = dist.group.WORLD
+    backend = pg._get_backend(torch.device("cpu"))
+
+    def pg_call(t):
+        pg.allreduce([t]).wait()
+        return t
+
+    def backend_call(t):
+        backend.allreduce([t]).wait()
+        return t
+
     def gloo_call(t):
         dist.all_reduce(t, group=gloo)
         return t
@@ -93,6 +108,7 @@ def rank_main(rank: int, world: int, calls: int, out_path: str) -> None:
 
     rows = []
     layers = [("torchcomm", torchcomm, want), ("funcol", funcol, want), ("c10d", c10d, want),
+              ("pg", pg_call, want), ("backend", backend_call, want),
               ("gloo", gloo_call, want), ("floor", floor, float(rank + 1))]
     for name, call, want in layers:
         n = calls // 10 if name == "gloo" else calls  # gloo is ~10x slower

@@ -1,5 +1,6 @@
 """bench/bench_layers.py runs end to end: every layer of a small all_reduce
-(the C core, the TorchComm API, the functional op + wait_tensor, eager c10d,
+(the C core, the TorchComm API, the functional op + wait_tensor, eager c10d
+and the same call without torch's Python wrapper and without its dispatcher,
 gloo, and torch's own floor for funcol's two op calls) is timed, checked by the benchmark itself, and reported in the table
 and the CSV, quiet and with a core kept busy by another process (--busy).
 A smoke run with few calls: figures are not judged here."""
@@ -26,7 +27,7 @@ def test_every_layer_is_measured_and_reported(busy):
         with open(out_csv) as f:
             rows = list(csv.DictReader(f))
     layers = [r["layer"] for r in rows]
-    assert layers == ["core", "torchcomm", "funcol", "c10d", "gloo", "floor"], layers
+    assert layers == ["core", "torchcomm", "funcol", "c10d", "pg", "backend", "gloo", "floor"], layers
     core = float(rows[0]["us_per_call"])
     for r in rows:
         assert r["world"] == "2" and r["busy"] == str(busy) and float(r["us_per_call"]) > 0, r
