@@ -13,6 +13,7 @@
  */
 #include <math.h>
 #include <dirent.h>
+#include <linux/sockios.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -264,7 +266,7 @@ static void test_sum_order(tcc_comm_t *comm) {
     }
 }
 
-static uint64_t tcp_bytes_sent(void);
+static uint64_t tcp_bytes_queued(void);
 static int local_index_of(int q);
 
 /* Whether, on uneven hosts, every host's link carries fewer blocks in the
@@ -304,9 +306,9 @@ static void test_reduce_scatter(tcc_comm_t *comm) {
       }
       for (int j = 0; j < n; j++) sends[j] = host_buf(in + (size_t)j * count * es, count, dt);
       tcc_op_opts_t opts = {.premul_factor = 0.5};
-      const uint64_t tcp0 = tcp_bytes_sent();
+      const uint64_t tcp0 = tcp_bytes_queued();
       tcc_result_t r = RUN(tcc_reduce_scatter(comm, sends, host_buf(out, count, dt), rop, &opts, &op));
-      const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
+      const uint64_t tcp_sent = tcp_bytes_queued() - tcp0;
       CHECK(r == TCC_OK, "%s: reduce_scatter %s %s block %zu: %s", spec, tcc_dtype_name(dt), tcc_redop_name(rop), count,
             tcc_last_error());
       const bool hier = is_hybrid(comm) && (hosts_uniform(n) ? total * es >= HIER_BYTES
@@ -357,17 +359,32 @@ static void test_broadcast(tcc_comm_t *comm) {
     }
 }
 
-/* Bytes this process has sent on all its TCP connections (TCP_INFO), so a
- * test can tell which ranks' data crossed TCP. */
-static uint64_t tcp_bytes_sent(void) {
+/* Bytes this process has handed to all its TCP connections so far: what the
+ * peer acknowledged (TCP_INFO) plus what still waits in the send queue
+ * (SIOCOUTQ), so a test can tell which ranks' data crossed TCP in an op.
+ * Not the bytes the kernel has transmitted (tcpi_bytes_sent): an op that
+ * returns once its last write is queued leaves bytes that go out during the
+ * next op, and were counted against it. */
+static uint64_t tcp_bytes_queued(void) {
   uint64_t sum = 0;
   DIR *d = opendir("/proc/self/fd");
   struct dirent *e;
   while (d && (e = readdir(d)) != NULL) {
-    struct tcp_info info;
-    socklen_t len = sizeof info;
-    memset(&info, 0, sizeof info);
-    if (getsockopt(atoi(e->d_name), IPPROTO_TCP, TCP_INFO, &info, &len) == 0) sum += info.tcpi_bytes_sent;
+    const int fd = atoi(e->d_name);
+    for (;;) { /* an acknowledgement between the two reads moves bytes from one to the other */
+      struct tcp_info before, after;
+      socklen_t len = sizeof before;
+      int queued = 0;
+      memset(&before, 0, sizeof before);
+      memset(&after, 0, sizeof after);
+      if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &before, &len) != 0) break;
+      if (ioctl(fd, SIOCOUTQ, &queued) != 0) queued = 0; /* not connected (a listener) */
+      len = sizeof after;
+      if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &after, &len) != 0) break;
+      if (before.tcpi_bytes_acked != after.tcpi_bytes_acked) continue;
+      sum += after.tcpi_bytes_acked + (uint64_t)queued;
+      break;
+    }
   }
   if (d) closedir(d);
   return sum;
@@ -404,9 +421,9 @@ static void test_reduce(tcc_comm_t *comm) {
           else put(in, dt, i, small_value(me, i, rop));
         }
         tcc_op_opts_t opts = {.premul_factor = 0.5};
-        const uint64_t tcp0 = tcp_bytes_sent();
+        const uint64_t tcp0 = tcp_bytes_queued();
         tcc_result_t r = RUN(tcc_reduce(comm, host_buf(in, count, dt), host_buf(out, count, dt), rop, root, &opts, &op));
-        const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
+        const uint64_t tcp_sent = tcp_bytes_queued() - tcp0;
         CHECK(r == TCC_OK, "%s: reduce %s %s count %zu to %d: %s", spec, tcc_dtype_name(dt), tcc_redop_name(rop),
               count, root, tcc_last_error());
         const bool hier = is_hybrid(comm) && count * es >= HIER_BYTES;
@@ -454,9 +471,9 @@ static void test_allgather_and_p2p(tcc_comm_t *comm) {
       int32_t *src = inplace ? all + (size_t)me * count : mine;
       for (size_t i = 0; i < count; i++) src[i] = (int32_t)(i * 3 + (size_t)me * 1000003);
       for (int j = 0; j < n; j++) recvs[j] = host_buf(all + (size_t)j * count, count, TCC_INT32);
-      const uint64_t tcp0 = tcp_bytes_sent();
+      const uint64_t tcp0 = tcp_bytes_queued();
       tcc_result_t r = RUN(tcc_allgather(comm, host_buf(src, count, TCC_INT32), recvs, NULL, &op));
-      const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
+      const uint64_t tcp_sent = tcp_bytes_queued() - tcp0;
       CHECK(r == TCC_OK, "%s: allgather block %zu: %s", spec, count, tcc_last_error());
       if (is_hybrid(comm) && !hosts_uniform(n) && (size_t)n * count * 4 >= HIER_UNEVEN_BYTES && local_index_of(me) != 0)
         CHECK(tcp_sent < count * 4 / 2, "%s: allgather of %zu B blocks: rank %d sent %llu B over TCP", spec, count * 4,
@@ -520,9 +537,9 @@ static void test_alltoall(tcc_comm_t *comm) {
         if (j != me) off_me += cs * 4;
         for (int i = 0; i < n; i++) max_block = a2a_count(i, j, scale) > max_block ? a2a_count(i, j, scale) : max_block;
       }
-      const uint64_t tcp0 = tcp_bytes_sent();
+      const uint64_t tcp0 = tcp_bytes_queued();
       tcc_result_t r = RUN(tcc_alltoall(comm, sends, recvs, NULL, &op));
-      const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
+      const uint64_t tcp_sent = tcp_bytes_queued() - tcp0;
       CHECK(r == TCC_OK, "%s: alltoall scale %zu: %s", spec, scale, tcc_last_error());
       size_t bad = 0;
       for (int j = 0; j < n && r == TCC_OK; j++)
@@ -720,10 +737,10 @@ static void test_half_allreduce(tcc_comm_t *comm) {
           const char *algorithm = tcc__coll_algorithm(comm, &c);
           CHECK((strstr(algorithm, "in float32, rounded once") != NULL) == widened,
                 "%s: %s allreduce of %zu takes '%s'", spec, tcc_dtype_name(half_dt), count, algorithm);
-          const uint64_t tcp0 = tcp_bytes_sent();
+          const uint64_t tcp0 = tcp_bytes_queued();
           tcc_result_t r = RUN(tcc_allreduce(comm, host_buf(in, count, half_dt), host_buf(dst, count, half_dt), rop,
                                              NULL, &op));
-          const uint64_t tcp_sent = tcp_bytes_sent() - tcp0;
+          const uint64_t tcp_sent = tcp_bytes_queued() - tcp0;
           CHECK(r == TCC_OK, "%s: %s allreduce %s of %zu: %s", spec, tcc_dtype_name(half_dt), tcc_redop_name(rop), count,
                 tcc_last_error());
           /* Even hosts: (H - 1) / H of this rank's shard goes out in float32,
