@@ -48,13 +48,22 @@ static bool in_place, huge_pages;
 
 #define HUGE_PAGE ((size_t)2 << 20)
 
-/* A zeroed buffer of `bytes`, on huge pages where asked and granted. */
+/* Torch's CPU allocator aligns every tensor to this. */
+#define TENSOR_ALIGN ((size_t)64)
+
+/* A zeroed buffer of `bytes`, aligned as torch aligns a tensor, or on huge
+ * pages where asked and granted. Not calloc's: its 16-byte alignment puts
+ * an input and an output of one size at addresses 16 bytes apart modulo
+ * 4096, and on AMD Zen CPUs a `rep movsb` copy between such addresses (the
+ * one glibc's memcpy and the kernel's process_vm_readv make) runs 10-17x
+ * slower: a 64 KiB all_gather took 18-46 us instead of 5. Tensors, 64-byte
+ * aligned, never meet that distance. */
 static float *buffer(size_t bytes) {
-  if (!huge_pages) return calloc(bytes / sizeof(float), sizeof(float));
-  const size_t rounded = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+  const size_t align = huge_pages ? HUGE_PAGE : TENSOR_ALIGN;
+  const size_t rounded = (bytes + align - 1) / align * align;
   void *p = NULL;
-  if (posix_memalign(&p, HUGE_PAGE, rounded) != 0) return NULL;
-  (void)madvise(p, rounded, MADV_HUGEPAGE); /* a hint: refused, the pages stay small */
+  if (posix_memalign(&p, align, rounded) != 0) return NULL;
+  if (huge_pages) (void)madvise(p, rounded, MADV_HUGEPAGE); /* a hint: refused, the pages stay small */
   memset(p, 0, rounded);
   return p;
 }

@@ -259,6 +259,36 @@ static void test_p2p(tcc_comm_t *comm) {
   free(b);
 }
 
+/* Each flaw in one entry of a per-rank output list fails locally, naming
+ * the entry, and nothing is issued. */
+static void test_bad_output_lists(tcc_comm_t *comm) {
+  enum { MAX_RANKS = 16 };
+  const int n = tcc_comm_size(comm);
+  if (n > MAX_RANKS) return;
+  float in[2] = {0}, out[MAX_RANKS][2];
+  tcc_buf_t outs[MAX_RANKS];
+  const int last = n - 1;
+  struct {
+    const char *flaw, *want;
+  } cases[] = {{"count", "has 3 elements, expected 2"}, {"dtype", "dtypes differ"},
+               {"null", "buffer is NULL"}, {"bad dtype", "invalid dtype"}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    for (int j = 0; j < n; j++) outs[j] = host_buf(out[j], 2, TCC_FLOAT32);
+    if (k == 0) outs[last].count = 3;
+    if (k == 1) outs[last].dtype = TCC_INT32;
+    if (k == 2) outs[last].ptr = NULL;
+    if (k == 3) outs[last].dtype = (tcc_dtype_t)TCC_DTYPE_COUNT;
+    char entry[32];
+    snprintf(entry, sizeof entry, "output[%d]", last);
+    tcc_op_t *op = NULL;
+    tcc_result_t r = tcc_allgather(comm, host_buf(in, 2, TCC_FLOAT32), outs, NULL, &op);
+    const char *msg = tcc_last_error();
+    CHECK(r == TCC_ERR_INVALID && op == NULL, "allgather with a bad %s: %s", cases[k].flaw, tcc_result_string(r));
+    CHECK(strstr(msg, cases[k].want) && (k == 1 || strstr(msg, entry)), "allgather with a bad %s: %s",
+          cases[k].flaw, msg);
+  }
+}
+
 static void test_mismatch(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   if (n < 2) return;
@@ -280,6 +310,7 @@ static void test_mismatch(tcc_comm_t *comm) {
   CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), "root"), "bad root: %s", tcc_last_error());
   r = tcc_allreduce(comm, host_buf(x, 1, TCC_FLOAT32), host_buf(x, 1, TCC_FLOAT32), TCC_BXOR, NULL, &op);
   CHECK(r == TCC_ERR_UNSUPPORTED, "bxor on float: %s", tcc_result_string(r));
+  test_bad_output_lists(comm);
 }
 
 /* A collective nobody waits on must still run: rank 0 issues it and then
