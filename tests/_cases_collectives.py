@@ -141,6 +141,79 @@ def c_all_to_all_single(ctx, dtype, n):
     ctx.same_bits(out, exp, "all_to_all_single output")
 
 
+PAGE = 4096
+
+
+def _view_at(numel: int, page_offset: int, fill: float):
+    """(buffer, view): a float32 view of `numel` elements whose first byte
+    lies `page_offset` bytes past a page boundary, in a buffer of `fill`
+    around it (the bytes on either side must stay as they are)."""
+    buf = torch.full((numel + 2 * PAGE // 4,), fill, dtype=torch.float32)
+    shift = (page_offset - buf.data_ptr()) % PAGE // 4
+    return buf, buf[shift:shift + numel]
+
+
+def _guards_intact(buf, view, fill: float, what: str) -> None:
+    start = view.storage_offset()
+    outside = torch.cat([buf[:start], buf[start + view.numel():]])
+    if not bool((outside == fill).all()):
+        raise AssertionError(f"{what}: wrote outside its tensor")
+
+
+def c_page_offset_views(ctx, in_offset: int, out_offset: int, n: int = 3000):
+    """Every op on views placed so that the core's copies run between
+    addresses a few bytes apart modulo 4096 (the distances its copy routine
+    takes away from memcpy), in both directions: results and the bytes
+    around each view checked."""
+    W, r = ctx.world, ctx.rank
+    dt = "float32"
+    xs = [ctx.inp(s, W * n, dt, input_kind("SUM")) for s in range(W)]
+    fill = -7.5
+
+    buf, t = _view_at(W * n, out_offset, fill)
+    t.copy_(xs[r])
+    dist.all_reduce(t)
+    ctx.check_allreduce(t, xs, dt, "SUM", "all_reduce at a page offset")
+    _guards_intact(buf, t, fill, "all_reduce")
+
+    ibuf, inp = _view_at(n, in_offset, fill)
+    inp.copy_(xs[r][:n])
+    obuf, out = _view_at(W * n, out_offset, fill)
+    all_gather_tensor(out, inp)
+    ctx.same_bits(out, torch.cat([x[:n] for x in xs]), "all_gather_into_tensor at page offsets")
+    _guards_intact(obuf, out, fill, "all_gather_into_tensor")
+    _guards_intact(ibuf, inp, fill, "all_gather_into_tensor's input")
+
+    ibuf, inp = _view_at(W * n, in_offset, fill)
+    inp.copy_(xs[r])
+    obuf, out = _view_at(n, out_offset, fill)
+    reduce_scatter_tensor(out, inp, make_redop("SUM"))
+    ctx.check_reduce_scatter(out, [x[r * n:(r + 1) * n] for x in xs], dt, "SUM",
+                             "reduce_scatter_tensor at page offsets")
+    _guards_intact(obuf, out, fill, "reduce_scatter_tensor")
+
+    obuf, out = _view_at(W * n, out_offset, fill)
+    dist.all_to_all_single(out, inp)
+    exp = torch.cat([x[r * n:(r + 1) * n] for x in xs])
+    ctx.same_bits(out, exp, "all_to_all_single at page offsets")
+    _guards_intact(obuf, out, fill, "all_to_all_single")
+
+    buf, t = _view_at(W * n, out_offset, fill)
+    t.copy_(xs[r])
+    dist.broadcast(t, src=W - 1)
+    ctx.same_bits(t, xs[W - 1], "broadcast at a page offset")
+    _guards_intact(buf, t, fill, "broadcast")
+
+    if W >= 2:
+        buf, t = _view_at(W * n, out_offset, fill)
+        if r == 0:
+            dist.send(inp, dst=1)
+        elif r == 1:
+            dist.recv(t, src=0)
+            ctx.same_bits(t, ctx.inp(0, W * n, dt, input_kind("SUM")), "recv at a page offset")
+            _guards_intact(buf, t, fill, "recv")
+
+
 def _splits(i: int, j: int, pattern: str) -> int:
     """Rows rank i sends to rank j (includes zeros)."""
     if pattern == "uneven":
@@ -348,6 +421,10 @@ def _register_collectives():
             add(f"{opname}-float32-n{n}", S, fn, dtype="float32", n=n)
         big = LARGE if opname in ("broadcast", "send_recv") else LARGE_PART
         add(f"{opname}-float32-n{big}", S, fn, dtype="float32", n=big)
+    # The core's copies at the distances modulo 4096 its copy routine treats apart.
+    for in_off, out_off in ((0, 4), (0, 16), (4080, 0), (64, 4032)):
+        add(f"page_offset_views-in{in_off}-out{out_off}", S, c_page_offset_views,
+            in_offset=in_off, out_offset=out_off)
     add("all_gather_into_tensor-int64-n257-stacked", S, c_all_gather_into_tensor,
         dtype="int64", n=257, stacked=True,
         gloo_skip="gloo only takes the concatenated output form")

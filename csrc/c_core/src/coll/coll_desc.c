@@ -12,6 +12,7 @@
 
 #include "core/internal.h"
 #include "core/mutation.h"
+#include "core/copy.h"
 
 const char *tcc__coll_name(tcc_coll_kind_t kind) {
   switch (kind) {
@@ -204,7 +205,7 @@ static bool copy_inputs(const tcc_coll_t *c, int n, size_t es, tcc_coll_t *stage
     size_t bytes = c->count * es;
     *mem = malloc(bytes);
     if (!*mem) return false;
-    memcpy(*mem, c->send, bytes);
+    tcc__copy(*mem, c->send, bytes);
     staged->send = *mem;
     return true;
   }
@@ -217,7 +218,7 @@ static bool copy_inputs(const tcc_coll_t *c, int n, size_t es, tcc_coll_t *stage
   for (int j = 0; j < n; j++) {
     size_t len = (c->kind == TCC_COLL_ALLTOALL ? c->send_counts[j] : c->count) * es;
     sends[j] = p;
-    if (len) memcpy(p, c->sends[j], len);
+    if (len) tcc__copy(p, c->sends[j], len);
     p += len;
   }
   *mem = sends;

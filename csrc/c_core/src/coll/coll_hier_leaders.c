@@ -36,13 +36,14 @@
 #include <string.h>
 
 #include "coll/hier_phase.h"
+#include "core/copy.h"
 
 /* A rank's own input (count elements at src) as its host's partial when
  * it is alone on its host: PREMUL_SUM's factor applied, as the host phase
  * would have. */
 static void own_partial(const tcc_coll_t *c, const void *src, void *out, size_t count) {
   if (c->redop == TCC_PREMUL_SUM) tcc__reduce_n(out, &src, 1, count, c->dtype, TCC_PREMUL_SUM, c->premul);
-  else if (src != out) memcpy(out, src, count * tcc_dtype_size(c->dtype));
+  else if (src != out) tcc__copy(out, src, count * tcc_dtype_size(c->dtype));
 }
 
 /* allreduce, segment by segment (coll_hier.c runs the steps): the host's
@@ -134,11 +135,11 @@ static uint8_t *adjacent(const tcc__topology_t *t, void *const *bufs, int k0, in
 }
 
 static void pack(const tcc__topology_t *t, void *const *bufs, int k0, int k1, size_t block, uint8_t *dst) {
-  for (int k = k0; k < k1; k++) memcpy(dst + (size_t)(k - k0) * block, bufs[t->by_host[k]], block);
+  for (int k = k0; k < k1; k++) tcc__copy(dst + (size_t)(k - k0) * block, bufs[t->by_host[k]], block);
 }
 
 static void unpack(const tcc__topology_t *t, void *const *bufs, int k0, int k1, size_t block, const uint8_t *src) {
-  for (int k = k0; k < k1; k++) memcpy(bufs[t->by_host[k]], src + (size_t)(k - k0) * block, block);
+  for (int k = k0; k < k1; k++) tcc__copy(bufs[t->by_host[k]], src + (size_t)(k - k0) * block, block);
 }
 
 /* The leaders' exchange, an all-to-all on their view (one rank per host,
@@ -191,7 +192,7 @@ static tcc_result_t allgather_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, 
                          .recvs = parts};
     r = phase(t->local, &within, seq, deadline, err);
   } else if (c->recvs[comm->rank] != c->send) {
-    memcpy(c->recvs[comm->rank], c->send, block);
+    tcc__copy(c->recvs[comm->rank], c->send, block);
   }
   /* Each host's blocks as one run: where the output holds them back to
    * back in host order, else in the partials buffer (at their place in
@@ -302,7 +303,7 @@ static tcc_result_t reduce_scatter_by_leaders(tcc_comm_t *comm, const tcc_coll_t
     tcc_coll_t spread = {.kind = TCC_COLL_SCATTER, .dtype = c->dtype, .count = c->count, .root = 0,
                          .sends = leader ? parts : NULL, .recv = theirs + (size_t)g * block};
     if (t->local) r = phase(t->local, &spread, seq, deadline, err);
-    else memcpy(spread.recv, arrivals + (size_t)g * block, block);
+    else tcc__copy(spread.recv, arrivals + (size_t)g * block, block);
   }
   if (r != TCC_OK) return r;
   /* Every host's partial of this rank's block, summed in host order. */

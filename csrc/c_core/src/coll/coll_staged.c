@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "coll/coll_scratch.h"
+#include "core/copy.h"
 
 /* One collective's view of the spans and of the scratch. */
 typedef struct staged {
@@ -43,7 +44,7 @@ static tcc_result_t stage_barrier(staged_t *st, int64_t deadline, const char *wh
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
 static void copy_bytes(char *dst, const char *src, size_t len) {
-  if (len && dst != src) memmove(dst, src, len);
+  tcc__move(dst, src, len);
 }
 
 /* Copies bytes [from, from+len) of the concatenated pieces into dst. */
@@ -54,7 +55,7 @@ static void copy_stream(char *dst, const coll_piece_t *pieces, int np, size_t fr
     if (from < end) {
       size_t off = from - base;
       size_t n = min_sz(len, pieces[i].len - off);
-      memcpy(dst, pieces[i].ptr + off, n);
+      tcc__copy(dst, pieces[i].ptr + off, n);
       dst += n;
       from += n;
       len -= n;
@@ -209,7 +210,7 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
       size_t a = rd->off > lo ? rd->off : lo;
       size_t b = min_sz(rd->off + rd->len, hi);
       if (rd->len == 0 || a >= b) continue;
-      memcpy(rd->dst + (a - rd->off), in_of(st, j, parity) + (a - lo), b - a);
+      tcc__copy(rd->dst + (a - rd->off), in_of(st, j, parity) + (a - lo), b - a);
     }
   }
   return TCC_OK;
@@ -224,7 +225,7 @@ static tcc_result_t reduce_one_shot(tcc_comm_t *comm, staged_t *st, const tcc_co
   const size_t bytes = c->count * tcc_dtype_size(c->dtype);
   const int parity = next_parity(st);
   tcc__coll_desc_fill(c, seq, n, desc_of(st, me, parity));
-  if (bytes) memcpy(in_of(st, me, parity), c->send, bytes); /* an empty tensor may have no data pointer */
+  if (bytes) tcc__copy(in_of(st, me, parity), c->send, bytes); /* an empty tensor may have no data pointer */
   tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
   if (r != TCC_OK) return r;
   if (c->kind == TCC_COLL_ALLREDUCE || me == c->root) {
@@ -262,7 +263,7 @@ static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_c
         size_t k0 = t * w;
         /* Our own part is reduced straight from our input: not staged. */
         if (j != me && k0 < pt->len[j])
-          memcpy(in + (size_t)j * slot, pt->src[j] + k0 * es, min_sz(w, pt->len[j] - k0) * es);
+          tcc__copy(in + (size_t)j * slot, pt->src[j] + k0 * es, min_sz(w, pt->len[j] - k0) * es);
       }
     }
     tcc_result_t r = t == 0 ? first_stage_sync(comm, st, c, parity, seq, deadline, err)
@@ -273,7 +274,7 @@ static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_c
       size_t k0 = (t - 1) * w;
       for (int j = 0; j < n; j++) {
         if (!pt->out[j] || k0 >= pt->len[j]) continue;
-        memcpy(pt->out[j] + k0 * es, res_of(st, j, parity), min_sz(w, pt->len[j] - k0) * es);
+        tcc__copy(pt->out[j] + k0 * es, res_of(st, j, parity), min_sz(w, pt->len[j] - k0) * es);
       }
     }
     if (t < T && t * w < pt->len[me]) {

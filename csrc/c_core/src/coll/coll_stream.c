@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "coll/stream_xfer.h"
+#include "core/copy.h"
 
 #define DESC_MAGIC 0x54434344u
 
@@ -129,7 +130,7 @@ out:
 /* ---- data movement ---------------------------------------------------- */
 
 static void copy_local(void *dst, const void *src, size_t len) {
-  if (len && dst != src) memmove(dst, src, len);
+  tcc__move(dst, src, len);
 }
 
 static uint8_t *at(void *base, size_t off) { return base ? (uint8_t *)base + off : NULL; }

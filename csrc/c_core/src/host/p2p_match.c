@@ -12,6 +12,7 @@
 #include "core/cpu_share.h"
 #include "core/mutation.h"
 #include "host/host.h"
+#include "core/copy.h"
 
 /* Fails a p2p op with a message naming the op, the group, both ranks and the tag. */
 static void fail_p2p_op(tcc_op_t *op, tcc_result_t code, const char *cause) {
@@ -65,7 +66,7 @@ static int match_unexpected(tcc_engine_t *e, peer_state_t *ps, tcc_op_t *op) {
                op->bytes, m->bytes);
       finish_p2p(e, op, TCC_ERR_MISMATCH, cause);
     } else {
-      if (m->bytes) memcpy(op->buf, m->data, m->bytes);
+      if (m->bytes) tcc__copy(op->buf, m->data, m->bytes);
       finish_p2p(e, op, TCC_OK, NULL);
     }
     free(m->data);

@@ -32,6 +32,7 @@
 
 #include "core/idle_wait.h"
 #include "window/window.h"
+#include "core/copy.h"
 
 #define WIN_PAGE 4096
 
@@ -254,7 +255,7 @@ tcc_result_t tcc_window_put(tcc_window_t *win, const void *src, size_t bytes, in
                     win->name, win->rank, bytes, offset, cap, dst_rank);
   if (bytes == 0) return TCC_OK;
   if (!src) return tcc__fail(TCC_ERR_INVALID, "tccomm window put on '%s': no source buffer", win->name);
-  memcpy(win->base + win->off[dst_rank] + offset, src, bytes);
+  tcc__copy(win->base + win->off[dst_rank] + offset, src, bytes);
   return TCC_OK;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/idle_wait.h"
 #include "transport/shm/shm.h"
+#include "core/copy.h"
 
 static void ring_doorbell(shm_state_t *st, int rank) {
   shm_rank_ctrl_t *c = shm_ctrl(st, rank);
@@ -39,8 +40,8 @@ ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t l
   if (n == 0) return 0;
   size_t at = (size_t)(head % cap);
   size_t first = n < cap - at ? n : cap - at;
-  memcpy(ring->data + at, buf, first);
-  memcpy(ring->data, (const char *)buf + first, n - first);
+  tcc__copy(ring->data + at, buf, first);
+  tcc__copy(ring->data, (const char *)buf + first, n - first);
   atomic_store_explicit(&ring->head, head + n, memory_order_seq_cst);
   ring_doorbell(st, peer);
   publish_cpu(comm, st);
@@ -69,8 +70,8 @@ ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc
   }
   size_t at = (size_t)(tail % cap);
   size_t first = n < cap - at ? n : cap - at;
-  memcpy(buf, ring->data + at, first);
-  memcpy((char *)buf + first, ring->data, n - first);
+  tcc__copy(buf, ring->data + at, first);
+  tcc__copy((char *)buf + first, ring->data, n - first);
   atomic_store_explicit(&ring->tail, tail + n, memory_order_seq_cst);
   ring_doorbell(st, peer); /* the writer may be waiting for space */
   publish_cpu(comm, st);
