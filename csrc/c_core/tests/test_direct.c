@@ -201,6 +201,50 @@ static void exchange_verdicts(tcc_comm_t *comm) {
   }
 }
 
+/* A buffer of `bytes` starting `offset` bytes past a page boundary;
+ * *base is what to free. */
+static uint32_t *at_page_offset(size_t bytes, size_t offset, void **base) {
+  char *p = aligned_alloc(4096, (bytes + offset + 4096) / 4096 * 4096);
+  *base = p;
+  return p ? (uint32_t *)(p + offset) : NULL;
+}
+
+/* Single-copy reads and writes whose destination lies a few bytes after
+ * their source modulo 4096, where the kernel's rep movsb is slow and the
+ * move goes through a bounce buffer (shm_cma.c), over more than one
+ * bounce-buffer's worth (256 KiB): receiving buffers `offset` bytes past a
+ * page boundary, sending ones on it, and the other way round. */
+static void test_page_offsets(tcc_comm_t *comm, size_t recv_offset, size_t send_offset) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm), root = n - 1;
+  const size_t count = 66560; /* 260 KiB: a whole number of pages, so every block keeps its page offset */
+  const size_t bytes = count * 4;
+  void *recv_base, *send_base;
+  uint32_t *all = at_page_offset((size_t)n * bytes, recv_offset, &recv_base);
+  uint32_t *one = at_page_offset(bytes, send_offset, &send_base);
+  tcc_buf_t bufs[MAX_N];
+  for (int j = 0; j < n; j++) bufs[j] = host_buf(all + (size_t)j * count, count);
+
+  for (size_t i = 0; i < count; i++) one[i] = value(me, i);
+  memset(all, 0xee, (size_t)n * bytes);
+  CHECK(RUN(tcc_allgather(comm, host_buf(one, count), bufs, NULL, &op)) == TCC_OK, "allgather at page offsets");
+  for (int j = 0; j < n; j++) CHECK_DATA(all + (size_t)j * count, j, count, "allgather at page offsets");
+
+  /* The root's blocks on one side, every receiver's buffer on the other. */
+  for (int j = 0; j < n; j++)
+    for (size_t i = 0; i < count; i++) all[(size_t)j * count + i] = value(j, i);
+  memset(one, 0xee, bytes);
+  CHECK(RUN(tcc_scatter(comm, me == root ? bufs : NULL, host_buf(one, count), root, NULL, &op)) == TCC_OK,
+        "scatter at page offsets");
+  CHECK_DATA(one, me, count, "scatter at page offsets");
+
+  uint32_t *b = me == root ? one : all; /* the root's at send_offset, the others' at recv_offset */
+  for (size_t i = 0; i < count; i++) b[i] = me == root ? value(root, i) : 0xdeadbeef;
+  CHECK(RUN(tcc_broadcast(comm, host_buf(b, count), root, NULL, &op)) == TCC_OK, "broadcast at page offsets");
+  CHECK_DATA(b, root, count, "broadcast at page offsets");
+  free(recv_base);
+  free(send_base);
+}
+
 static void all_ops(tcc_comm_t *comm) {
   exchange_verdicts(comm);
   /* Below, at and above the threshold, within one window and across many. */
@@ -215,6 +259,9 @@ static void all_ops(tcc_comm_t *comm) {
     test_alltoall(comm, count, true, false);
     test_alltoall(comm, count, false, true);
   }
+  test_page_offsets(comm, 16, 0);
+  test_page_offsets(comm, 4, 4080);
+  test_page_offsets(comm, 0, 40);
 }
 
 /* The group's threshold when nobody sets it: rank 0's, from its CPUs. */
