@@ -72,11 +72,12 @@ import csv
 import datetime
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from _local_ranks import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"]
@@ -444,12 +445,6 @@ def shared_memcpy_bandwidth(copiers: int, nbytes: int = 64 << 20, reps: int = 10
     for p in procs:
         p.join()
     return sum(rates) / len(rates)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_world(args, world: int, results: str) -> None:

@@ -33,10 +33,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
+
+from _local_ranks import free_port
 
 
 def time_per_call(fn, iters: int, repeats: int, sync=None, chunk: int = 0) -> float:
@@ -119,12 +120,6 @@ def worker(args) -> None:
         with open(args.out, "w") as f:
             json.dump(results, f)
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_world(args, world: int, fastpath: bool) -> list[dict]:

@@ -35,11 +35,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from _local_ranks import run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = os.path.join(ROOT, "csrc", "c_core")
@@ -137,12 +138,6 @@ def rank_main(rank: int, world: int, calls: int, out_path: str) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=2)
@@ -163,14 +158,7 @@ def measure(args: argparse.Namespace) -> None:
 
     out = os.path.join(ROOT, "bench", "results", f"layers.w{args.world}.tmp")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    port = free_port()
-    procs = []
-    for rank in range(args.world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(args.world), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--rank", str(rank), str(args.world),
-                                       str(args.calls), out], env=env))
-    if any(p.wait(timeout=600) != 0 for p in procs):
+    if not run_ranks(args.world, lambda rank: [__file__, "--rank", str(rank), str(args.world), str(args.calls), out]):
         sys.exit("bench_layers: a rank failed")
     core = core_time(args.world)
     rows = [("core", core, [])]

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
+
+from _local_ranks import run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = 4096
@@ -115,12 +115,6 @@ def rank_main(args: argparse.Namespace, out_path: str) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=2)
@@ -141,14 +135,7 @@ def main() -> None:
         return
     out = os.path.join(ROOT, "bench", "results", f"offsets.{os.getpid()}.tmp")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    port = free_port()
-    procs = []
-    for rank in range(args.world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(args.world), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--rank-worker", "--out", out],
-                                      env=env))
-    if any(p.wait(timeout=1200) != 0 for p in procs):
+    if not run_ranks(args.world, lambda rank: [__file__, *sys.argv[1:], "--rank-worker", "--out", out], timeout=1200):
         sys.exit("bench_offsets: a rank failed")
     with open(out) as f:
         rows = [line.strip().split(",") for line in f]

@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from _local_ranks import run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = os.path.join(ROOT, "csrc", "c_core")
@@ -87,24 +88,12 @@ def rank_main(rank: int, sizes: list[int], calls: int, out_path: str) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(transport: str, sizes: list[int], calls: int) -> list[tuple[str, int, float, list[float]]]:
     """One pair of ranks with TCCOMM_TRANSPORT=transport: its rows."""
     out = os.path.join(ROOT, "bench", "results", f"p2p.{transport}.tmp")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2", OMP_NUM_THREADS="1", TCCOMM_TRANSPORT=transport)
-        procs.append(subprocess.Popen([sys.executable, __file__, "--rank", str(rank),
-                                       ",".join(map(str, sizes)), str(calls), out], env=env))
-    if any(p.wait(timeout=600) != 0 for p in procs):
+    argv_of = lambda rank: [__file__, "--rank", str(rank), ",".join(map(str, sizes)), str(calls), out]  # noqa: E731
+    if not run_ranks(2, argv_of, {"TCCOMM_TRANSPORT": transport}):
         sys.exit(f"bench_p2p: a rank failed ({transport})")
     rows = []
     with open(out) as f:

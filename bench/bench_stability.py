@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from _local_ranks import free_port
 
 SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -67,12 +68,6 @@ def rank_main(rank: int, world: int, sizes: list[int], calls: int, out_path: str
         with open(out_path, "w") as f:
             json.dump(report, f)
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_run(world: int, sizes: list[int], calls: int) -> dict[int, list[float]]:
