@@ -14,6 +14,7 @@ import csv
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -150,3 +151,25 @@ def test_bench_collectives_goes_on_without_mpi(tmp_path):
     assert m and float(m.group(1)) > 0, out
     shared = float(rows[0]["busbw_GBps"]) / float(rows[0]["busbw_fraction_of_shared_memcpy"])
     assert abs(shared - float(m.group(1))) < 0.01, (shared, out)
+
+
+needs_mpicc = pytest.mark.skipif(
+    MISSING is not None or not shutil.which("mpicc"),
+    reason=f"Open MPI's mpicc and mpirun not available: {MISSING or 'mpicc is not on PATH'}")
+
+
+@needs_mpicc
+@pytest.mark.parametrize("op,transport,btl", [("allreduce", "tcp", "self,tcp"), ("allgather", "shm", "self,vader")])
+def test_core_against_open_mpi_in_the_same_processes(op, transport, btl):
+    """csrc/c_core/tests/bench_mpi_pair.c: one line per size, both medians."""
+    core = os.path.join(ROOT, "csrc", "c_core")
+    code, out = _run(["make", "-s", "-C", core, "build/bench_mpi_pair"])
+    assert code == 0, out
+    code, out = _run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "--bind-to", "none",
+                      "--mca", "pml", "ob1", "--mca", "btl", btl,
+                      os.path.join(core, "build", "bench_mpi_pair"), op, "64", "256", "3", transport])
+    assert code == 0, out
+    lines = re.findall(rf"^{op} (\d+) B, 2 ranks, {transport}: openmpi ([0-9.]+) us, core ([0-9.]+) us, "
+                       r"openmpi / core ([0-9.]+) \(quartiles", out, re.M)
+    assert [int(b) for b, *_ in lines] == [64, 256], out
+    assert all(float(m) > 0 and float(c) > 0 for _, m, c, _ in lines), out

@@ -128,11 +128,11 @@ def test_trace_logs_every_op_with_its_algorithm(tmp_path):
         assert has(lines, "INFO", r"^communicator '[^']+': transport tcp forced by TCCOMM_TRANSPORT=tcp; "), text
         assert has(lines, "INFO", r"algorithms over tcp streams: .* pipelined in \d+-byte segments$"), text
         assert has(lines, "TRACE", r"^allreduce #\d+ on '[^']+': float32 count 8 \(32 bytes\), host memory, "
-                                   r"executor host, algorithm streams reduce-scatter \+ all-gather$"), text
+                                   r"executor host, algorithm streams one exchange \(data with the descriptors\)$"), text
         assert has(lines, "TRACE", r"^broadcast #\d+ on '[^']+': float64 count 5 \(40 bytes\), root 1, host memory, "
-                                   r"executor host, algorithm streams direct exchange$"), text
+                                   r"executor host, algorithm streams one exchange \(data with the descriptors\)$"), text
         assert has(lines, "TRACE", r"^allgather #\d+ on '[^']+': int32 count 3 \(12 bytes\), host memory, "
-                                   r"executor host, algorithm streams direct exchange$"), text
+                                   r"executor host, algorithm streams one exchange \(data with the descriptors\)$"), text
         p2p = (r"^send on '[^']+': 16 bytes, to peer 1 tag 3, " if rank == 0
                else r"^recv on '[^']+': 16 bytes, from peer 0 tag 3, ")
         assert has(lines, "TRACE", p2p + r"host memory, executor host, algorithm tcp p2p$"), text

@@ -1,17 +1,18 @@
 /*
  * bench_mpi_pair.c - the C core against Open MPI in the same processes, on
- * the same buffers: batches of MPI_Alltoall (or MPI_Allgather) and of
- * tcc_alltoall (tcc_allgather) + tcc_op_wait alternate, the order flipping
- * from pair to pair, so both meet the same minutes of the machine.
+ * the same buffers: batches of an Open MPI collective and of the core's
+ * (+ tcc_op_wait) alternate, the order flipping from pair to pair, so both
+ * meet the same minutes of the machine.
  *
  * Usage (optional: needs Open MPI's mpicc and mpirun; make build/bench_mpi_pair):
  *   mpirun --allow-run-as-root --oversubscribe -np N --bind-to none --mca btl self,vader \
- *          build/bench_mpi_pair alltoall|allgather MIN_BYTES MAX_BYTES [pairs]
+ *          build/bench_mpi_pair alltoall|allgather|allreduce MIN_BYTES MAX_BYTES [pairs] [shm|tcp]
  * Sizes go up by 4x; a size is the whole output (bench_sizes' convention),
- * float32, page-aligned buffers. Rank 0 prints per size the medians of both
- * and the median (and quartiles) of the pairs' ratios, openmpi / tccomm:
- * above 1, the core is faster. The ranks swap endpoint blobs with
- * MPI_Allgather; the core's transport is shared memory.
+ * float32, page-aligned buffers; allreduce sums in place. Rank 0 prints per
+ * size the medians of both and the median (and quartiles) of the pairs'
+ * ratios, openmpi / tccomm: above 1, the core is faster. The ranks swap
+ * endpoint blobs with MPI_Allgather; the core's transport is shared memory,
+ * or TCP with `tcp` (then compare with Open MPI's TCP: --mca btl self,tcp).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -28,38 +29,45 @@ static void die(const char *what) {
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-static void run_core(tcc_comm_t *comm, int alltoall, float *in, float *out, size_t per) {
+typedef enum { OP_ALLTOALL, OP_ALLGATHER, OP_ALLREDUCE } pair_op_t;
+
+static void run_core(tcc_comm_t *comm, pair_op_t what, float *in, float *out, size_t per) {
   const int n = tcc_comm_size(comm);
+  const int alltoall = what == OP_ALLTOALL;
   tcc_buf_t sends[MAX_RANKS], recvs[MAX_RANKS];
   for (int j = 0; j < n; j++) {
     sends[j] = (tcc_buf_t){alltoall ? in + (size_t)j * per : in, per, TCC_FLOAT32, -1, NULL};
     recvs[j] = (tcc_buf_t){out + (size_t)j * per, per, TCC_FLOAT32, -1, NULL};
   }
+  const tcc_buf_t all = {in, per * (size_t)n, TCC_FLOAT32, -1, NULL};
   tcc_op_t *op;
-  if ((alltoall ? tcc_alltoall(comm, sends, recvs, NULL, &op) : tcc_allgather(comm, sends[0], recvs, NULL, &op)) !=
-      TCC_OK)
-    die("issue");
+  const tcc_result_t issued = what == OP_ALLREDUCE ? tcc_allreduce(comm, all, all, TCC_SUM, NULL, &op)
+                              : alltoall           ? tcc_alltoall(comm, sends, recvs, NULL, &op)
+                                                   : tcc_allgather(comm, sends[0], recvs, NULL, &op);
+  if (issued != TCC_OK) die("issue");
   const tcc_result_t r = tcc_op_wait(op, -1);
   tcc_op_release(op);
   if (r != TCC_OK) die("wait");
 }
 
-static void run_mpi(int alltoall, float *in, float *out, size_t per) {
-  if (alltoall)
+static void run_mpi(pair_op_t what, float *in, float *out, size_t per, int n) {
+  if (what == OP_ALLREDUCE)
+    MPI_Allreduce(MPI_IN_PLACE, in, (int)per * n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  else if (what == OP_ALLTOALL)
     MPI_Alltoall(in, (int)per, MPI_FLOAT, out, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
   else
     MPI_Allgather(in, (int)per, MPI_FLOAT, out, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
 }
 
 /* The slowest rank's microseconds per call over one batch. */
-static double batch(tcc_comm_t *comm, int core, int alltoall, float *in, float *out, size_t per, int iters) {
+static double batch(tcc_comm_t *comm, int core, pair_op_t what, float *in, float *out, size_t per, int iters) {
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = MPI_Wtime();
   for (int i = 0; i < iters; i++) {
     if (core)
-      run_core(comm, alltoall, in, out, per);
+      run_core(comm, what, in, out, per);
     else
-      run_mpi(alltoall, in, out, per);
+      run_mpi(what, in, out, per, tcc_comm_size(comm));
   }
   double us = (MPI_Wtime() - t0) / iters * 1e6;
   MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -71,14 +79,14 @@ static int by_value(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static tcc_comm_t *open_core(int rank, int size) {
+static tcc_comm_t *open_core(int rank, int size, tcc_transport_t transport) {
   tcc_endpoint_t *ep;
   uint8_t blob[TCC_ENDPOINT_BLOB_SIZE];
   if (tcc_endpoint_open(NULL, &ep, blob) != TCC_OK) die("endpoint");
   uint8_t *blobs = malloc((size_t)size * TCC_ENDPOINT_BLOB_SIZE);
   if (!blobs) die("out of memory");
   MPI_Allgather(blob, TCC_ENDPOINT_BLOB_SIZE, MPI_BYTE, blobs, TCC_ENDPOINT_BLOB_SIZE, MPI_BYTE, MPI_COMM_WORLD);
-  const tcc_comm_config_t cfg = {rank, size, 60000, "mpi-pair", TCC_TRANSPORT_SHM};
+  const tcc_comm_config_t cfg = {rank, size, 60000, "mpi-pair", transport};
   tcc_comm_t *comm;
   if (tcc_comm_create(&cfg, ep, blobs, &comm) != TCC_OK) die("create");
   free(blobs);
@@ -90,22 +98,27 @@ int main(int argc, char **argv) {
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  const int pairs = argc > 5 ? atoi(argv[5]) : 21;
-  if (argc < 4 || (strcmp(argv[1], "alltoall") != 0 && strcmp(argv[1], "allgather") != 0) || size > MAX_RANKS ||
-      pairs < 1 || pairs > MAX_PAIRS) {
-    if (rank == 0) fprintf(stderr, "usage: bench_mpi_pair alltoall|allgather MIN_BYTES MAX_BYTES [pairs 1..99]\n");
+  const int pairs = argc > 4 ? atoi(argv[4]) : 21;
+  const char *ops[] = {"alltoall", "allgather", "allreduce"};
+  int what = -1;
+  for (int i = 0; argc > 1 && i < 3; i++)
+    if (strcmp(argv[1], ops[i]) == 0) what = i;
+  const char *transport = argc > 5 ? argv[5] : "shm";
+  if (argc < 4 || what < 0 || size > MAX_RANKS || pairs < 1 || pairs > MAX_PAIRS ||
+      (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0)) {
+    if (rank == 0)
+      fprintf(stderr, "usage: bench_mpi_pair alltoall|allgather|allreduce MIN_BYTES MAX_BYTES [pairs 1..99] [shm|tcp]\n");
     MPI_Finalize();
     return 2;
   }
-  const int alltoall = strcmp(argv[1], "alltoall") == 0;
-  tcc_comm_t *comm = open_core(rank, size);
+  tcc_comm_t *comm = open_core(rank, size, strcmp(transport, "tcp") == 0 ? TCC_TRANSPORT_TCP : TCC_TRANSPORT_SHM);
   for (size_t bytes = strtoull(argv[2], NULL, 10); bytes > 0 && bytes <= strtoull(argv[3], NULL, 10); bytes *= 4) {
     const size_t count = bytes / sizeof(float), per = count / (size_t)size;
     if (per == 0) continue;
     const size_t alloc = (count * sizeof(float) + 4095) / 4096 * 4096;
     float *in = aligned_alloc(4096, alloc), *out = aligned_alloc(4096, alloc);
     if (!in || !out) die("out of memory");
-    memset(in, 1, alloc);
+    memset(in, what == OP_ALLREDUCE ? 0 : 1, alloc); /* sums in place stay 0 */
     memset(out, 0, alloc);
     int iters = (int)(0.02e9 / ((double)bytes / 4 + 20000));
     if (iters < 3) iters = 3;
@@ -114,7 +127,7 @@ int main(int argc, char **argv) {
       double us[2];
       for (int k = 0; k < 2; k++) {
         const int core = (p & 1) ^ k; /* which goes first flips from pair to pair */
-        us[core] = batch(comm, core, alltoall, in, out, per, iters);
+        us[core] = batch(comm, core, (pair_op_t)what, in, out, per, iters);
       }
       if (p >= 0) ratio[p] = us[0] / us[1], mpi_us[p] = us[0], core_us[p] = us[1];
     }
@@ -122,8 +135,8 @@ int main(int argc, char **argv) {
     qsort(mpi_us, (size_t)pairs, sizeof *mpi_us, by_value);
     qsort(core_us, (size_t)pairs, sizeof *core_us, by_value);
     if (rank == 0)
-      printf("%s %zu B, %d ranks: openmpi %.1f us, core %.1f us, openmpi / core %.2f (quartiles %.2f .. %.2f)\n",
-             argv[1], bytes, size, mpi_us[pairs / 2], core_us[pairs / 2], ratio[pairs / 2], ratio[pairs / 4],
+      printf("%s %zu B, %d ranks, %s: openmpi %.1f us, core %.1f us, openmpi / core %.2f (quartiles %.2f .. %.2f)\n",
+             argv[1], bytes, size, transport, mpi_us[pairs / 2], core_us[pairs / 2], ratio[pairs / 2], ratio[pairs / 4],
              ratio[3 * pairs / 4]);
     fflush(stdout);
     free(in);

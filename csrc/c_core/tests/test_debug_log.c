@@ -294,8 +294,9 @@ static void test_info_tcp(void) {
     const char *t = f[i].text;
     CHECK(count_lines(t, "rank 1 is on another host (test-host-1; rank 0 is on test-host-0): tcp") == 1,
           "%s: transport reason:\n%s", f[i].name, t);
-    CHECK(count_lines(t, "algorithms over tcp streams: direct exchange between every pair; reductions "
-                         "reduce-scatter + all-gather pipelined in 1048576-byte segments") == 1,
+    CHECK(count_lines(t, "algorithms over tcp streams: small ops in one exchange, the data with the descriptors; "
+                         "larger ones direct exchange between every pair, reductions reduce-scatter + all-gather "
+                         "pipelined in 1048576-byte segments") == 1,
           "%s: thresholds:\n%s", f[i].name, t);
     CHECK(count_lines(t, "created: rank") == 1 && count_lines(t, "transport tcp, timeout 5000 ms") == 1,
           "%s: creation:\n%s", f[i].name, t);
@@ -326,14 +327,14 @@ static void test_trace(const char *spec) {
     const char *t = f[i].text;
     char want[256];
     snprintf(want, sizeof want, "[%d] TCCOMM TRACE allreduce #1 on '" NAME "': float32 count 8 (32 bytes), host memory, "
-             "executor host, algorithm %s", ranks[i], shm ? "spans one-shot reduction" : "streams reduce-scatter + all-gather");
+             "executor host, algorithm %s", ranks[i], shm ? "spans one-shot reduction" : "streams one exchange (data with the descriptors)");
     CHECK(count_lines(t, want) == 1, "%s: no '%s':\n%s", f[i].name, want, t);
     snprintf(want, sizeof want, "allreduce #2 on '" NAME "': float32 count 4096 (16384 bytes), host memory, "
              "executor host, algorithm %s",
-             shm ? "spans pipelined reduce-scatter + all-gather" : "streams reduce-scatter + all-gather");
+             shm ? "spans pipelined reduce-scatter + all-gather" : "streams one exchange (data with the descriptors)");
     CHECK(count_lines(t, want) == 1, "%s: no '%s':\n%s", f[i].name, want, t);
     snprintf(want, sizeof want, "broadcast #3 on '" NAME "': float32 count 8 (32 bytes), root 1, host memory, "
-             "executor host, algorithm %s", shm ? "spans windowed copy" : "streams direct exchange");
+             "executor host, algorithm %s", shm ? "spans windowed copy" : "streams one exchange (data with the descriptors)");
     CHECK(count_lines(t, want) == 1, "%s: no '%s':\n%s", f[i].name, want, t);
     CHECK(count_lines(t, "TCCOMM TRACE barrier #4 on '" NAME "': uint8 count 0 (0 bytes)") == 1, "%s: barrier:\n%s",
           f[i].name, t);

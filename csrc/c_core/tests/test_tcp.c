@@ -422,6 +422,50 @@ static void expect_code(rank_ctx_t *t, tcc_coll_t *c, tcc_result_t want, const c
   CHECK(r == want, "rank %d: %s gave %d, want %d: %s", t->rank, what, r, want, err.msg);
 }
 
+/* Small ops send their data with their descriptor (one exchange), others
+ * after it: ranks on different paths must still all fail, take exactly
+ * what was sent, and leave every output alone. */
+static void test_mismatch_paths(rank_ctx_t *t) {
+  const size_t big = 100000; /* past one exchange's budget on any group */
+  float *in = malloc(big * sizeof(float)), *out = malloc(big * sizeof(float));
+  fill(in, TCC_FLOAT32, t->rank, 0, big, 1);
+  for (size_t i = 0; i < big; i++) out[i] = -1.0f;
+  const bool last = t->rank == t->n - 1;
+  tcc_coll_t c = {.kind = TCC_COLL_ALLREDUCE, .dtype = TCC_FLOAT32, .redop = TCC_SUM,
+                  .count = last ? big : 8, .send = in, .recv = out};
+  expect_code(t, &c, TCC_ERR_MISMATCH, "allreduce of 8 elements against one of 100000");
+  size_t untouched = 0;
+  for (size_t i = 0; i < big; i++) untouched += out[i] == -1.0f;
+  CHECK(untouched == big, "rank %d: a mismatched allreduce wrote %zu outputs", t->rank, big - untouched);
+  c.count = 8;
+  run_ok(t, &c, "allreduce after a mismatch between paths");
+  EXPECT_ELEMS(out, TCC_FLOAT32, 8, 0, reduced(TCC_FLOAT32, TCC_SUM, t->n, i, 1),
+               "rank %d allreduce after a mismatch between paths", i, got_, want_, t->rank);
+
+  /* a frame with a payload against one with an all-to-all's counts */
+  void *outs[MAXN], *ins[MAXN];
+  size_t counts[MAXN];
+  for (int j = 0; j < t->n; j++) {
+    outs[j] = out + 16 * j;
+    ins[j] = in + 16 * j;
+    counts[j] = 4;
+  }
+  tcc_coll_t ag = {.kind = TCC_COLL_ALLGATHER, .dtype = TCC_FLOAT32, .count = 4, .send = in, .recvs = outs};
+  tcc_coll_t a2a = {.kind = TCC_COLL_ALLTOALL, .dtype = TCC_FLOAT32, .sends = ins, .recvs = outs,
+                    .send_counts = counts, .recv_counts = counts};
+  for (size_t i = 0; i < 16 * MAXN; i++) out[i] = -1.0f;
+  expect_code(t, t->rank == 0 ? &a2a : &ag, TCC_ERR_MISMATCH, "alltoall against allgather");
+  untouched = 0;
+  for (size_t i = 0; i < 16 * MAXN; i++) untouched += out[i] == -1.0f;
+  CHECK(untouched == 16 * MAXN, "rank %d: a mismatched allgather wrote outputs", t->rank);
+  run_ok(t, &ag, "allgather after a mismatch");
+  for (int j = 0; j < t->n; j++)
+    EXPECT_ELEMS(outs[j], TCC_FLOAT32, 4, 0, fval(j, i, 1), "rank %d allgather from %d after a mismatch", i, got_,
+                 want_, t->rank, j);
+  free(in);
+  free(out);
+}
+
 /* Every rank must see the mismatch, and the next op must still work. */
 static void test_mismatch(rank_ctx_t *t) {
   float a[8], b[8];
@@ -466,6 +510,7 @@ static void test_mismatch(rank_ctx_t *t) {
                    .root = t->rank == 1 ? 1 : 0, .send = a, .recv = a};
   expect_code(t, &bc, TCC_ERR_MISMATCH, "broadcast with different roots");
   run_ok(t, &bar, "barrier after a mismatch");
+  test_mismatch_paths(t);
 }
 
 static void *abort_later(void *arg) {

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "coll/coll_scratch.h"
-#include "coll/stream_xfer.h"
+#include "coll/stream_frames.h"
 #include "core/log.h"
 
 /* INFO: the sizes at which the algorithms change, as this communicator
@@ -23,8 +23,9 @@ static void log_thresholds(tcc_comm_t *comm) {
                  comm->name, comm->ops->name, sp->one_shot_bytes(comm), sp->window_bytes(comm));
   else if (comm->ops->streams)
     TCC_LOG_INFO(comm->rank,
-                 "communicator '%s' algorithms over %s streams: direct exchange between every pair; reductions "
-                 "reduce-scatter + all-gather pipelined in %zu-byte segments",
+                 "communicator '%s' algorithms over %s streams: small ops in one exchange, the data with the "
+                 "descriptors; larger ones direct exchange between every pair, reductions reduce-scatter + "
+                 "all-gather pipelined in %zu-byte segments",
                  comm->name, comm->ops->name, tcc__stream_segment_bytes(comm->size));
 }
 
@@ -89,6 +90,7 @@ const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c) {
   }
   if (comm->ops->streams) {
     if (c->kind == TCC_COLL_BARRIER) return "streams descriptor exchange";
+    if (tcc__stream_eager_fits(c, comm->size)) return "streams one exchange (data with the descriptors)";
     if (!reduction) return "streams direct exchange";
     return c->kind == TCC_COLL_ALLREDUCE ? "streams reduce-scatter + all-gather"
            : c->kind == TCC_COLL_REDUCE  ? "streams reduce-scatter + gather"

@@ -2,12 +2,14 @@
  * coll_stream.c - collectives over byte streams between every pair of
  * ranks (the transport's tcc__stream_ops_t; TCP's full mesh).
  *
- * Every collective starts with a descriptor exchange: each rank sends its
- * descriptor to every other rank, so all ranks hold the same n descriptors
- * and reach the same verdict in tcc__coll_desc_check. On a mismatch nothing
- * else is sent and the streams stay aligned for the next collective.
+ * Every collective starts with a descriptor exchange (stream_frames.c):
+ * each rank sends its descriptor to every other rank, so all ranks hold the
+ * same n descriptors and reach the same verdict in tcc__coll_desc_check. On
+ * a mismatch nothing else is sent and the streams stay aligned for the
+ * next collective. Small ops carry their data in the same frames
+ * (coll_stream_eager.c): one exchange in all.
  *
- * Data then moves directly between the ranks that need it. Reductions are
+ * Otherwise data then moves directly between the ranks that need it. Reductions are
  * a reduce-scatter by direct exchange (rank j reduces chunk j over all n
  * contributions in rank order) followed by an all-gather (allreduce) or a
  * gather to the root (reduce) of the reduced chunks, pipelined in segments
@@ -17,22 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll/stream_xfer.h"
+#include "coll/stream_frames.h"
 #include "core/copy.h"
-
-#define DESC_MAGIC 0x54434344u
-
-/* The fixed first part of a descriptor message; for kinds whose
- * descriptor is longer (all-to-all counts) the rest follows separately,
- * so a receiver always knows how much to read even when the ranks
- * disagree on the kind. */
-typedef struct desc_frame {
-  uint32_t magic;
-  uint32_t len; /* bytes of the whole descriptor */
-  uint8_t head[sizeof(tcc_coll_desc_t)];
-} desc_frame_t;
-
-static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
 static void reset_links(stream_xfer_t *x) {
   memset(x->links, 0, (size_t)x->comm->size * sizeof(*x->links));
@@ -47,83 +35,29 @@ static tcc_result_t fail_nomem(const stream_xfer_t *x, tcc_err_t *err) {
 
 /* ---- descriptor exchange ---------------------------------------------- */
 
-/* Receives every peer's frame, checks it is one, then the descriptor
- * tails. descs[j] gets a zero-padded buffer at least as long as this
- * rank's own descriptor, so the check may compare field by field. An
- * all-to-all's accepted counts go into send_matrix when it is not NULL. */
+/* Every rank's descriptor to every other, nothing else (stream_frames.h). */
 static tcc_result_t exchange_descs(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline,
                                    uint64_t *send_matrix, tcc_err_t *err) {
-  int n = x->comm->size, me = x->comm->rank;
-  const size_t head = sizeof(tcc_coll_desc_t);
-  size_t mine_len = tcc__coll_desc_bytes(c->kind, n);
-  size_t mine_cap = max_size(mine_len, head);
-  tcc_result_t r = TCC_OK;
-  uint8_t *mine = calloc(1, mine_cap), *block = NULL;
-  desc_frame_t *frames = calloc((size_t)n, sizeof(*frames));
-  const void **descs = calloc((size_t)n, sizeof(*descs));
-  if (!mine || !frames || !descs) {
+  const int n = x->comm->size;
+  const size_t len = tcc__stream_frame_bytes(c, n, 0);
+  uint8_t *frame = malloc(len);
+  uint8_t **out = malloc((size_t)n * sizeof(*out));
+  size_t *out_len = malloc((size_t)n * sizeof(*out_len));
+  tcc_result_t r;
+  if (!frame || !out || !out_len) {
     r = fail_nomem(x, err);
-    goto out;
-  }
-  tcc__coll_desc_fill(c, x->seq, n, mine);
-  frames[me].magic = DESC_MAGIC;
-  frames[me].len = (uint32_t)mine_len;
-  memcpy(frames[me].head, mine, head);
-
-  x->phase = "descriptor exchange";
-  reset_links(x);
-  for (int j = 0; j < n; j++) {
-    if (j == me) continue;
-    x->links[j] = (stream_link_t){.out_ptr = (const uint8_t *)&frames[me],
-                               .out_raw = sizeof(desc_frame_t),
-                               .in_ptr = (uint8_t *)&frames[j],
-                               .in_raw = sizeof(desc_frame_t)};
-  }
-  if ((r = tcc__stream_xfer_run(x, deadline, err)) != TCC_OK) goto out;
-
-  size_t total = 0;
-  for (int j = 0; j < n; j++) {
-    if (j == me) continue;
-    if (frames[j].magic != DESC_MAGIC || frames[j].len > tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, n)) {
-      char pre[160];
-      tcc__stream_xfer_prefix(x, pre, sizeof(pre));
-      r = tcc__err_set(err, TCC_ERR_REMOTE,
-                      "%s: rank %d sent a malformed descriptor (the streams are out "
-                      "of step)", pre, j);
-      goto out;
+  } else {
+    tcc__stream_frame_fill(c, x->seq, n, NULL, 0, frame);
+    for (int j = 0; j < n; j++) {
+      out[j] = frame;
+      out_len[j] = len;
     }
-    total += max_size(frames[j].len, mine_cap);
+    const stream_frames_t f = {.out = out, .out_len = out_len};
+    r = tcc__stream_frames_exchange(x, c, &f, deadline, send_matrix, err);
   }
-  block = calloc(1, total ? total : 1);
-  if (!block) {
-    r = fail_nomem(x, err);
-    goto out;
-  }
-  reset_links(x);
-  uint8_t *p = block;
-  for (int j = 0; j < n; j++) {
-    if (j == me) {
-      descs[j] = mine;
-      continue;
-    }
-    memcpy(p, frames[j].head, head);
-    descs[j] = p;
-    x->links[j] = (stream_link_t){.out_ptr = mine + head,
-                               .out_raw = mine_len > head ? mine_len - head : 0,
-                               .in_ptr = p + head,
-                               .in_raw = frames[j].len > head ? frames[j].len - head : 0};
-    p += max_size(frames[j].len, mine_cap);
-  }
-  if ((r = tcc__stream_xfer_run(x, deadline, err)) != TCC_OK) goto out;
-  r = tcc__coll_desc_check(x->comm, c, descs, err);
-  if (r == TCC_OK && send_matrix && c->kind == TCC_COLL_ALLTOALL)
-    for (int j = 0; j < n; j++) /* each rank's send counts follow its descriptor's head */
-      memcpy(send_matrix + (size_t)j * (size_t)n, (const uint8_t *)descs[j] + head, (size_t)n * sizeof(uint64_t));
-out:
-  free(mine);
-  free(frames);
-  free(descs);
-  free(block);
+  free(frame);
+  free(out);
+  free(out_len);
   return r;
 }
 
@@ -269,22 +203,30 @@ static bool has_root(tcc_coll_kind_t kind) {
          kind == TCC_COLL_GATHER || kind == TCC_COLL_SCATTER;
 }
 
+tcc_result_t tcc__coll_stream_root_check(const stream_xfer_t *x, const tcc_coll_t *c, tcc_err_t *err) {
+  if (!has_root(c->kind) || (c->root >= 0 && c->root < x->comm->size)) return TCC_OK;
+  char pre[160];
+  tcc__stream_xfer_prefix(x, pre, sizeof(pre));
+  return tcc__err_set(err, TCC_ERR_INVALID, "%s: root %d out of range [0, %d)", pre, c->root, x->comm->size);
+}
+
+/* Nothing runs on a failed communicator. */
+static tcc_result_t refuse_if_failed(const stream_xfer_t *x, tcc_err_t *err) {
+  tcc_comm_t *comm = x->comm;
+  if (!atomic_load(&comm->aborted)) return TCC_OK;
+  char pre[160], cause[TCC_ERRLEN];
+  tcc__stream_xfer_prefix(x, pre, sizeof(pre));
+  tcc__comm_failure(comm, cause, sizeof cause);
+  return tcc__err_set(err, TCC_ERR_ABORTED, "%s: not run: %.300s", pre, cause);
+}
+
 /* The start every collective over streams shares: not run on a failed
  * communicator, the descriptor exchange, the root's range. */
 static tcc_result_t agree(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline_ns, uint64_t *send_matrix,
                           tcc_err_t *err) {
-  tcc_comm_t *comm = x->comm;
-  char pre[160];
-  tcc__stream_xfer_prefix(x, pre, sizeof(pre));
-  if (atomic_load(&comm->aborted)) {
-    char cause[TCC_ERRLEN];
-    tcc__comm_failure(comm, cause, sizeof cause);
-    return tcc__err_set(err, TCC_ERR_ABORTED, "%s: not run: %.300s", pre, cause);
-  }
-  tcc_result_t r = exchange_descs(x, c, deadline_ns, send_matrix, err);
-  /* after the exchange, so all ranks (which agree on the root) fail alike */
-  if (r == TCC_OK && has_root(c->kind) && (c->root < 0 || c->root >= comm->size))
-    r = tcc__err_set(err, TCC_ERR_INVALID, "%s: root %d out of range [0, %d)", pre, c->root, comm->size);
+  tcc_result_t r = refuse_if_failed(x, err);
+  if (r == TCC_OK) r = exchange_descs(x, c, deadline_ns, send_matrix, err);
+  if (r == TCC_OK) r = tcc__coll_stream_root_check(x, c, err);
   return r;
 }
 
@@ -298,6 +240,12 @@ static tcc_result_t run_parts(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t se
   stream_link_t *links = calloc((size_t)comm->size, sizeof(*links));
   stream_xfer_t x = {.comm = comm, .what = tcc__coll_name(c->kind), .phase = "start", .seq = seq, .links = links};
   if (!links) return fail_nomem(&x, err);
+  if (parts == (PART_AGREE | PART_DATA) && tcc__stream_eager_fits(c, comm->size)) {
+    tcc_result_t r = refuse_if_failed(&x, err);
+    if (r == TCC_OK) r = tcc__coll_stream_eager(&x, c, deadline_ns, err);
+    free(links);
+    return r;
+  }
   tcc_result_t r = parts & PART_AGREE ? agree(&x, c, deadline_ns, send_matrix, err) : TCC_OK;
   if (r == TCC_OK && (parts & PART_DATA)) {
     tcc_coll_t staged;

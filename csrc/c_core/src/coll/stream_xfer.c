@@ -149,8 +149,10 @@ static size_t in_span(const stream_xfer_t *x, int peer, uint8_t **p) {
   return l->in_raw - pos;
 }
 
-static bool link_done(const stream_link_t *l) {
-  return l->out_done == l->out_raw + l->out_red && l->in_done == l->in_slot + l->in_raw;
+static bool in_complete(const stream_link_t *l) { return l->in_done == l->in_slot + l->in_raw; }
+
+static bool link_done(const stream_xfer_t *x, const stream_link_t *l) {
+  return l->out_done == l->out_raw + l->out_red && in_complete(l) && (!x->in_next || l->in_closed);
 }
 
 /* ---- stream I/O ------------------------------------------------------- */
@@ -168,6 +170,31 @@ static tcc_result_t peer_failed(const stream_xfer_t *x, int peer, const char *ho
                        errnum ? "was reset" : "closed", x->phase);
   return tcc__err_set(err, TCC_ERR_REMOTE, "%s: %s rank %d failed during %s: %s", pre,
                      how, tcc__rank_label(x->comm, peer), x->phase, strerror(errnum));
+}
+
+/* Takes what the stream from `peer` holds now, following the link's
+ * continuations (x->in_next) as each part completes. */
+static tcc_result_t receive(stream_xfer_t *x, int peer, bool *moved, tcc_err_t *err) {
+  const tcc__stream_ops_t *io = x->comm->ops->streams;
+  stream_link_t *l = &x->links[peer];
+  for (;;) {
+    uint8_t *p;
+    size_t n;
+    while ((n = in_span(x, peer, &p)) > 0) {
+      ssize_t k = io->recv(x->comm, peer, p, n);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return TCC_OK;
+      if (k < 0) return peer_failed(x, peer, "receiving from", errno, err);
+      if (k == 0) return peer_failed(x, peer, NULL, 0, err);
+      l->in_done += (size_t)k;
+      *moved = true;
+      if ((size_t)k < n) return TCC_OK; /* drained */
+    }
+    /* in_span is also 0 while the reducer holds both slots */
+    if (!x->in_next || l->in_closed || !in_complete(l)) return TCC_OK;
+    tcc_result_t r = x->in_next(x, peer, err);
+    if (r != TCC_OK) return r;
+  }
 }
 
 /* Moves what the stream to `peer` takes and gives now. */
@@ -188,20 +215,7 @@ static tcc_result_t pump(stream_xfer_t *x, int peer, short revents, bool *moved,
       if ((size_t)k < n) break; /* the stream's buffer is full */
     }
   }
-  if (revents & (POLLIN | POLLERR | POLLHUP)) {
-    uint8_t *p;
-    size_t n;
-    while ((n = in_span(x, peer, &p)) > 0) {
-      ssize_t k = io->recv(x->comm, peer, p, n);
-      if (k < 0 && errno == EINTR) continue;
-      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      if (k < 0) return peer_failed(x, peer, "receiving from", errno, err);
-      if (k == 0) return peer_failed(x, peer, NULL, 0, err);
-      l->in_done += (size_t)k;
-      *moved = true;
-      if ((size_t)k < n) break; /* drained */
-    }
-  }
+  if (revents & (POLLIN | POLLERR | POLLHUP)) return receive(x, peer, moved, err);
   return TCC_OK;
 }
 
@@ -263,7 +277,7 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
     int npeers = 0;
     bool all_done = x->red.done_seg == x->red.nseg;
     for (int j = 0; j < comm->size; j++) {
-      if (j == comm->rank || link_done(&x->links[j])) continue;
+      if (j == comm->rank || link_done(x, &x->links[j])) continue;
       all_done = false;
       const uint8_t *op;
       uint8_t *ip;

@@ -20,6 +20,7 @@ typedef struct stream_link {
   size_t in_slot;
   uint8_t *in_ptr;
   size_t in_raw, in_done;
+  bool in_closed; /* with a continuation (stream_xfer_t.in_next): it said no more */
 } stream_link_t;
 
 /* Reduces this rank's chunk in pipeline segments: segment k is reduced as
@@ -40,14 +41,24 @@ typedef struct stream_reducer {
   const void **srcs; /* [n] scratch */
 } stream_reducer_t;
 
-typedef struct stream_xfer {
+typedef struct stream_xfer stream_xfer_t;
+
+/* Called each time the incoming bytes of peer's link are all in: either
+ * points the link at what comes next (in_ptr, in_raw, with in_done and
+ * in_slot 0) or sets its in_closed. So a stream can carry a frame whose
+ * head says how long the rest is, and where the rest goes. */
+typedef tcc_result_t (*stream_in_next_fn)(stream_xfer_t *x, int peer, tcc_err_t *err);
+
+struct stream_xfer {
   tcc_comm_t *comm;
   const char *what;  /* collective name, for messages */
   const char *phase; /* "descriptor exchange" or "data" */
   uint64_t seq;
   stream_link_t *links; /* [n] */
   stream_reducer_t red;
-} stream_xfer_t;
+  stream_in_next_fn in_next; /* NULL: every link's length is known up front */
+  void *in_next_ctx;
+};
 
 /* Moves every link's bytes (and runs the reducer) until all are done, the
  * deadline passes, the communicator is aborted or a peer fails. */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "coll/coll.h"
+#include "coll/stream_frames.h"
 #include "host/p2p_frame.h"
 #include "transport/shm/shm.h"
 #include "transport/tcp/tcp.h"
@@ -145,6 +146,64 @@ static void gen_coll_desc(void) {
   coll_seed("alltoall", 3, TCC_COLL_ALLTOALL, 5, 0);
   coll_seed("alltoall-split-mismatch", 3, TCC_COLL_ALLTOALL, 5, 1);
   coll_seed("allreduce-seq-mismatch", 3, TCC_COLL_ALLREDUCE, 6, 0);
+}
+
+/* ---- descriptor frames over streams ---- */
+
+/* One peer's frame, as tcc__stream_frame_fill writes it, with its u16 length first. */
+typedef struct frame_spec {
+  tcc_coll_kind_t kind;
+  uint8_t count, payload;
+  int corrupt; /* flips a bit of the magic */
+} frame_spec_t;
+
+/* Rank `me` of n expects `expect` payload bytes from each peer; every peer
+ * sends `usual`, peer `odd` sends `other` (a mismatch, or a malformed head). */
+static void frames_seed(const char *name, int n, int me, frame_spec_t usual, uint8_t expect, int odd,
+                        frame_spec_t other) {
+  out_t o = {.len = 0};
+  put8(&o, (uint8_t)(n - 2));
+  put8(&o, (uint8_t)me);
+  put8(&o, (uint8_t)(usual.kind - TCC_COLL_BROADCAST));
+  put8(&o, usual.count);
+  put8(&o, 6); /* pieces of 7 bytes: every part arrives split */
+  for (int j = 0; j < n; j++) put8(&o, j == me ? 0 : expect);
+  for (int j = 0; j < n; j++) {
+    if (j == me) {
+      put(&o, "\0\0", 2);
+      continue;
+    }
+    const frame_spec_t fs = j == odd ? other : usual;
+    size_t counts[4];
+    for (int k = 0; k < 4; k++) counts[k] = fs.count;
+    const tcc_coll_t c = {.kind = fs.kind, .dtype = TCC_FLOAT32, .redop = TCC_SUM, .count = fs.count,
+                          .send_counts = counts, .recv_counts = counts};
+    uint8_t data[256], frame[1024];
+    for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 7 + j);
+    const size_t len = tcc__stream_frame_bytes(&c, n, fs.payload);
+    assert(len <= sizeof frame);
+    tcc__stream_frame_fill(&c, 9, n, data, fs.payload, frame);
+    if (fs.corrupt) frame[0] ^= 1;
+    const uint8_t l16[2] = {(uint8_t)len, (uint8_t)(len >> 8)};
+    put(&o, l16, 2);
+    put(&o, frame, len);
+  }
+  save("stream_frames", name, &o);
+}
+
+static void gen_stream_frames(void) {
+  const frame_spec_t none = {TCC_COLL_BARRIER, 0, 0, 0};
+  frames_seed("allreduce", 2, 0, (frame_spec_t){TCC_COLL_ALLREDUCE, 2, 8, 0}, 8, -1, none);
+  frames_seed("allgather-3", 3, 1, (frame_spec_t){TCC_COLL_ALLGATHER, 5, 20, 0}, 20, -1, none);
+  frames_seed("alltoall-4", 4, 2, (frame_spec_t){TCC_COLL_ALLTOALL, 3, 0, 0}, 0, -1, none);
+  frames_seed("barrier", 3, 0, none, 0, -1, none);
+  frames_seed("count-mismatch", 3, 0, (frame_spec_t){TCC_COLL_ALLREDUCE, 4, 16, 0}, 16, 2,
+              (frame_spec_t){TCC_COLL_ALLREDUCE, 5, 20, 0});
+  frames_seed("bad-magic", 2, 1, (frame_spec_t){TCC_COLL_BROADCAST, 4, 16, 0}, 16, 0,
+              (frame_spec_t){TCC_COLL_BROADCAST, 4, 16, 1});
+  /* an unexpected tail, then a longer unexpected payload: both dropped */
+  frames_seed("drop-tail-then-payload", 3, 2, (frame_spec_t){TCC_COLL_ALLREDUCE, 50, 200, 0}, 8, 0,
+              (frame_spec_t){TCC_COLL_ALLTOALL, 2, 0, 0});
 }
 
 /* ---- shared-memory transport header ---- */
@@ -287,6 +346,7 @@ int main(int argc, char **argv) {
   gen_blob();
   gen_tcp_hello();
   gen_coll_desc();
+  gen_stream_frames();
   gen_shm_header();
   gen_window();
   gen_segment();

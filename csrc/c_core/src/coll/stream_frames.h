@@ -1,0 +1,58 @@
+/*
+ * stream_frames.h - the frames every collective over streams starts with:
+ * each rank sends each peer its descriptor, optionally followed by a
+ * payload (the data that peer needs from it, when the whole op fits in
+ * one exchange: coll_stream_eager.c), and checks every rank's descriptor.
+ *
+ * On the wire, per peer: stream_frame_head_t, the descriptor's tail (an
+ * all-to-all's counts), then `payload` bytes. The head says how long the
+ * rest is, so a receiver always takes exactly what was sent, whatever it
+ * expected: ranks that disagree on an op leave the streams in step for the
+ * next one.
+ */
+#ifndef TCC_COLL_STREAM_FRAMES_H
+#define TCC_COLL_STREAM_FRAMES_H
+
+#include "coll/stream_xfer.h"
+
+/* The most payload a frame may carry to one peer (a larger one means the
+ * streams are out of step). */
+#define TCC_STREAM_PAYLOAD_MAX (64u << 10)
+
+/* Bytes of this rank's frame for c carrying `payload` bytes. */
+size_t tcc__stream_frame_bytes(const tcc_coll_t *c, int n, size_t payload);
+/* Writes that frame into out: head, descriptor tail, a copy of the payload
+ * (at out + tcc__stream_frame_bytes(c, n, 0)). */
+void tcc__stream_frame_fill(const tcc_coll_t *c, uint64_t seq, int n, const void *payload, size_t len,
+                            uint8_t *out);
+
+/* What one exchange of frames moves for this rank: out[j] (out_len[j]
+ * bytes, a filled frame) goes to peer j; peer j's payload lands in in[j]
+ * when it is in_len[j] bytes long (in NULL: no payload is expected).
+ * Payloads of any other length are read and dropped: only ranks that
+ * disagree on the op send them, and the check then fails the op. */
+typedef struct stream_frames {
+  uint8_t *const *out;
+  const size_t *out_len;
+  uint8_t *const *in;
+  const size_t *in_len;
+} stream_frames_t;
+
+/* Sends and receives every peer's frame at once, then checks every rank's
+ * descriptor (tcc__coll_desc_check: the same verdict on every rank). For
+ * an all-to-all, send_matrix (NULL, or size x size) gets every rank's
+ * send counts. */
+tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, const stream_frames_t *f,
+                                         int64_t deadline, uint64_t *send_matrix, tcc_err_t *err);
+
+/* coll_stream_eager.c: whether c goes in one exchange, descriptors and
+ * data together (small ops; every rank chooses alike from the descriptor
+ * fields the check compares), and that path. */
+bool tcc__stream_eager_fits(const tcc_coll_t *c, int n);
+tcc_result_t tcc__coll_stream_eager(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline, tcc_err_t *err);
+
+/* coll_stream.c: after the exchange, so all ranks (which agree on the
+ * root) fail alike: a rooted op's root must be a rank of the group. */
+tcc_result_t tcc__coll_stream_root_check(const stream_xfer_t *x, const tcc_coll_t *c, tcc_err_t *err);
+
+#endif /* TCC_COLL_STREAM_FRAMES_H */
