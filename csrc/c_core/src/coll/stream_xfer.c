@@ -8,6 +8,7 @@
  * derive from the same, already agreed, collective descriptor.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,13 @@
 #define SLOT_BUDGET (16u << 20) /* all slots of one reduction together */
 #define SEG_MIN (32u << 10)
 #define SEG_MAX (1u << 20)
+/* Where this host has more ranks than CPUs, a transfer that sees nothing
+ * yields this many times before it sleeps: the rank it waits for is most
+ * likely queued on this very CPU, and a yield runs it at once where a
+ * sleep costs a wake-up too. 4 ranks on 2 CPUs over TCP, allreduce: 8 B
+ * 51-61 us against 94-98 sleeping at once, 64 KiB to 1 MiB 1.7-2.7x
+ * faster, 4 MiB even (8 to 256 yields measured alike). */
+#define OVERSUBSCRIBED_YIELDS 64
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
@@ -269,6 +277,8 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
   bool spin = tcc__spin_gate_open(&sc->spin_gate, &comm->cpu_share, true);
   const int64_t spin_until = tcc__now_ns() + TCC_CPU_AWAY_SPIN_NS;
   bool spin_saw_progress = false;
+  const int yields = comm->cpu_share.spin_while_away ? 0 : OVERSUBSCRIBED_YIELDS;
+  int yields_left = yields;
   for (;;) {
     while (reducer_ready(x)) {
       reducer_step(x);
@@ -302,7 +312,13 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
       spin = false;
       if (!spin_saw_progress) tcc__spin_gate_missed(&sc->spin_gate);
     }
-    const bool look_only = moved || spin;
+    if (moved) yields_left = yields;
+    const bool yield_first = !moved && !spin && yields_left > 0;
+    if (yield_first) {
+      yields_left--;
+      sched_yield();
+    }
+    const bool look_only = moved || spin || yield_first;
     int timeout = look_only ? 0 : (int)(left_ms < WAIT_SLICE_MS ? left_ms : WAIT_SLICE_MS);
     int rc = comm->ops->streams->poll(comm, npeers, sc->poll_peers, sc->poll_events, sc->poll_revents, timeout);
     if (rc < 0 && errno != EINTR)
