@@ -243,6 +243,30 @@ typedef struct parts {
   int direct;       /* only out[rank] is needed: reduce straight into it */
 } parts_t;
 
+/* Elements reduced per piece by reduce_and_publish: 8 KiB of float32, so
+ * a piece is still in L1 when it is copied. */
+#define PUBLISH_PIECE 2048
+
+/* Reduces `count` elements into the result window `res` for the peers
+ * and, where this rank needs its own part (out != NULL), into its output
+ * too: piece by piece, each copied out while it is in L1 (srcs advance).
+ * Copying the whole part from the window a stage later read it back from
+ * L2 or memory: at 2 ranks a third of all bytes copied. */
+static void reduce_and_publish(char *res, char *out, const void **srcs, int n, size_t count,
+                               const tcc_coll_t *c) {
+  const size_t es = tcc_dtype_size(c->dtype);
+  if (!out) {
+    tcc__reduce_n(res, srcs, n, count, c->dtype, c->redop, c->premul);
+    return;
+  }
+  for (size_t k = 0; k < count; k += PUBLISH_PIECE) {
+    const size_t len = min_sz(PUBLISH_PIECE, count - k);
+    tcc__reduce_n(res + k * es, srcs, n, len, c->dtype, c->redop, c->premul);
+    tcc__copy(out + k * es, res + k * es, len * es);
+    for (int j = 0; j < n; j++) srcs[j] = (const char *)srcs[j] + len * es; /* the next piece */
+  }
+}
+
 static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c,
                                      const parts_t *pt, uint64_t seq, int64_t deadline, tcc_err_t *err) {
   const int n = comm->size, me = comm->rank;
@@ -270,10 +294,11 @@ static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_c
                             : stage_barrier(st, deadline, tcc__coll_name(c->kind), seq, err);
     if (r != TCC_OK) return r;
     if (!pt->direct && t >= 1) {
-      /* Results of stage t-1, published in this stage's parity. */
+      /* The peers' results of stage t-1, published in this stage's parity
+       * (this rank's own went to its output as it was reduced). */
       size_t k0 = (t - 1) * w;
       for (int j = 0; j < n; j++) {
-        if (!pt->out[j] || k0 >= pt->len[j]) continue;
+        if (j == me || !pt->out[j] || k0 >= pt->len[j]) continue;
         tcc__copy(pt->out[j] + k0 * es, res_of(st, j, parity), min_sz(w, pt->len[j] - k0) * es);
       }
     }
@@ -281,8 +306,12 @@ static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_c
       size_t k0 = t * w;
       for (int j = 0; j < n; j++) st->sc->srcs[j] = in_of(st, j, parity) + (size_t)me * slot;
       st->sc->srcs[me] = pt->src[me] + k0 * es;
-      char *dst = pt->direct ? pt->out[me] + k0 * es : res_of(st, me, parity ^ 1);
-      tcc__reduce_n(dst, st->sc->srcs, n, min_sz(w, pt->len[me] - k0), c->dtype, c->redop, c->premul);
+      const size_t count = min_sz(w, pt->len[me] - k0);
+      if (pt->direct)
+        tcc__reduce_n(pt->out[me] + k0 * es, st->sc->srcs, n, count, c->dtype, c->redop, c->premul);
+      else
+        reduce_and_publish(res_of(st, me, parity ^ 1), pt->out[me] ? pt->out[me] + k0 * es : NULL, st->sc->srcs,
+                           n, count, c);
     }
   }
   return TCC_OK;
