@@ -294,7 +294,8 @@ static void test_info_tcp(void) {
     const char *t = f[i].text;
     CHECK(count_lines(t, "rank 1 is on another host (test-host-1; rank 0 is on test-host-0): tcp") == 1,
           "%s: transport reason:\n%s", f[i].name, t);
-    CHECK(count_lines(t, "algorithms over tcp streams: small ops in one exchange, the data with the descriptors; "
+    CHECK(count_lines(t, "algorithms over tcp streams: small ops (and an all-to-all's small blocks) in one exchange, the "
+                         "data with the descriptors; "
                          "larger ones direct exchange between every pair, reductions reduce-scatter + all-gather "
                          "pipelined in 1048576-byte segments") == 1,
           "%s: thresholds:\n%s", f[i].name, t);

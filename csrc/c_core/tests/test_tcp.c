@@ -400,6 +400,54 @@ static void test_alltoall_inplace(rank_ctx_t *t) {
   free(flat);
 }
 
+/* Blocks in the descriptor frames (up to 64 KiB / (n - 1)) and blocks in
+ * the exchange after it, in one op: 3 (frames), 2000 (frames up to 8
+ * ranks) or 30000 elements (never). */
+static size_t mixed_count(int a, int b) {
+  static const size_t sizes[] = {3, 2000, 30000};
+  return sizes[(a + b) % 3];
+}
+
+static void test_alltoall_mixed(rank_ctx_t *t) {
+  void *sends[MAXN], *recvs[MAXN];
+  size_t sc[MAXN], rc[MAXN];
+  /* counts from a to b: asymmetric (b + 2a), so each pair's two ways differ */
+  for (int j = 0; j < t->n; j++) {
+    sc[j] = mixed_count(j, 2 * t->rank);
+    rc[j] = mixed_count(t->rank, 2 * j);
+    sends[j] = malloc(sc[j] * 4);
+    recvs[j] = malloc(rc[j] * 4);
+    for (size_t i = 0; i < sc[j]; i++) ((int32_t *)sends[j])[i] = a2a_val(t->rank, j, i);
+  }
+  tcc_coll_t c = {.kind = TCC_COLL_ALLTOALL, .dtype = TCC_INT32, .sends = sends,
+                  .recvs = recvs, .send_counts = sc, .recv_counts = rc};
+  run_ok(t, &c, "alltoall of mixed blocks");
+  for (int j = 0; j < t->n; j++) {
+    EXPECT_ELEMS(recvs[j], TCC_INT32, rc[j], 0, a2a_val(j, t->rank, i),
+                 "rank %d mixed alltoall from %d", i, got_, want_, t->rank, j);
+    free(sends[j]);
+    free(recvs[j]);
+  }
+
+  /* in place: block j holds what goes to j and then what came from j, so
+   * the counts are symmetric; small blocks land before large ones move */
+  size_t cnt[MAXN], total = 0;
+  for (int j = 0; j < t->n; j++) total += cnt[j] = mixed_count(t->rank, j);
+  int32_t *flat = malloc(total * 4), *at = flat;
+  for (int j = 0; j < t->n; j++) {
+    sends[j] = at;
+    for (size_t i = 0; i < cnt[j]; i++) at[i] = a2a_val(t->rank, j, i);
+    at += cnt[j];
+  }
+  c = (tcc_coll_t){.kind = TCC_COLL_ALLTOALL, .dtype = TCC_INT32, .sends = sends,
+                   .recvs = sends, .send_counts = cnt, .recv_counts = cnt};
+  run_ok(t, &c, "alltoall of mixed blocks in place");
+  for (int j = 0; j < t->n; j++)
+    EXPECT_ELEMS(sends[j], TCC_INT32, cnt[j], 0, a2a_val(j, t->rank, i),
+                 "rank %d mixed in-place alltoall from %d", i, got_, want_, t->rank, j);
+  free(flat);
+}
+
 static void test_collectives(rank_ctx_t *t) {
   tcc_coll_t barrier_op = {.kind = TCC_COLL_BARRIER};
   run_ok(t, &barrier_op, "barrier");
@@ -411,6 +459,7 @@ static void test_collectives(rank_ctx_t *t) {
   test_reduce_scatter(t);
   test_alltoall(t);
   test_alltoall_inplace(t);
+  test_alltoall_mixed(t);
   run_ok(t, &barrier_op, "barrier");
 }
 
@@ -462,6 +511,36 @@ static void test_mismatch_paths(rank_ctx_t *t) {
   for (int j = 0; j < t->n; j++)
     EXPECT_ELEMS(outs[j], TCC_FLOAT32, 4, 0, fval(j, i, 1), "rank %d allgather from %d after a mismatch", i, got_,
                  want_, t->rank, j);
+
+  /* An all-to-all block the last rank sends to rank 0 against what rank 0
+   * expects: in its frame against after it, both ways, and two lengths in
+   * frames. Every other block agrees and is small, so it travels in the
+   * frames: still no output may be written. */
+  const size_t sent_expected[][2] = {{4, big / 4}, {big / 4, 4}, {4, 5}};
+  const int last_rank = t->n - 1;
+  for (int k = 0; k < 3; k++) {
+    size_t sc[MAXN], rc[MAXN];
+    for (int j = 0; j < t->n; j++) {
+      sc[j] = rc[j] = 4;
+      ins[j] = in + (size_t)j * (big / 4);
+      outs[j] = out + (size_t)j * (big / 4);
+    }
+    if (t->rank == last_rank) sc[0] = sent_expected[k][0];
+    if (t->rank == 0) rc[last_rank] = sent_expected[k][1];
+    a2a = (tcc_coll_t){.kind = TCC_COLL_ALLTOALL, .dtype = TCC_FLOAT32, .sends = ins, .recvs = outs,
+                       .send_counts = sc, .recv_counts = rc};
+    for (size_t i = 0; i < big; i++) out[i] = -1.0f;
+    expect_code(t, &a2a, TCC_ERR_MISMATCH, "alltoall whose block sizes differ across the frame budget");
+    untouched = 0;
+    for (size_t i = 0; i < big; i++) untouched += out[i] == -1.0f;
+    CHECK(untouched == big, "rank %d: a mismatched alltoall (case %d) wrote %zu outputs", t->rank, k,
+          big - untouched);
+    sc[0] = rc[last_rank] = 4;
+    run_ok(t, &a2a, "alltoall after a mismatch across the frame budget");
+    for (int j = 0; j < t->n; j++)
+      EXPECT_ELEMS(outs[j], TCC_FLOAT32, 4, 0, fval(j, i + (size_t)t->rank * (big / 4), 1),
+                   "rank %d alltoall from %d after a mismatch", i, got_, want_, t->rank, j);
+  }
   free(in);
   free(out);
 }

@@ -23,8 +23,8 @@ static void log_thresholds(tcc_comm_t *comm) {
                  comm->name, comm->ops->name, sp->one_shot_bytes(comm), sp->window_bytes(comm));
   else if (comm->ops->streams)
     TCC_LOG_INFO(comm->rank,
-                 "communicator '%s' algorithms over %s streams: small ops in one exchange, the data with the "
-                 "descriptors; larger ones direct exchange between every pair, reductions reduce-scatter + "
+                 "communicator '%s' algorithms over %s streams: small ops (and an all-to-all's small blocks) in "
+                 "one exchange, the data with the descriptors; larger ones direct exchange between every pair, reductions reduce-scatter + "
                  "all-gather pipelined in %zu-byte segments",
                  comm->name, comm->ops->name, tcc__stream_segment_bytes(comm->size));
 }
@@ -90,6 +90,13 @@ const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c) {
   }
   if (comm->ops->streams) {
     if (c->kind == TCC_COLL_BARRIER) return "streams descriptor exchange";
+    if (c->kind == TCC_COLL_ALLTOALL) {
+      switch (tcc__stream_alltoall_frames(c, comm->size, comm->rank)) {
+        case ALLTOALL_FRAMES_ALL: return "streams one exchange (data with the descriptors)";
+        case ALLTOALL_FRAMES_SOME: return "streams direct exchange (small blocks with the descriptors)";
+        default: return "streams direct exchange";
+      }
+    }
     if (tcc__stream_eager_fits(c, comm->size)) return "streams one exchange (data with the descriptors)";
     if (!reduction) return "streams direct exchange";
     return c->kind == TCC_COLL_ALLREDUCE ? "streams reduce-scatter + all-gather"

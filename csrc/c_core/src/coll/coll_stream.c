@@ -7,7 +7,8 @@
  * same n descriptors and reach the same verdict in tcc__coll_desc_check. On
  * a mismatch nothing else is sent and the streams stay aligned for the
  * next collective. Small ops carry their data in the same frames
- * (coll_stream_eager.c): one exchange in all.
+ * (coll_stream_eager.c): one exchange in all. So do an all-to-all's small
+ * blocks (coll_stream_alltoall.c).
  *
  * Otherwise data then moves directly between the ranks that need it. Reductions are
  * a reduce-scatter by direct exchange (rank j reduces chunk j over all n
@@ -181,16 +182,7 @@ static tcc_result_t run_data(stream_xfer_t *x, const tcc_coll_t *c, int64_t dead
     }
     break;
   case TCC_COLL_ALLTOALL:
-    for (int j = 0; j < n; j++) {
-      if (j == me) continue;
-      x->links[j] = (stream_link_t){.out_ptr = c->sends[j], .out_raw = c->send_counts[j] * es,
-                                 .in_ptr = c->recvs[j], .in_raw = c->recv_counts[j] * es};
-    }
-    self_dst = c->recvs[me];
-    self_src = c->sends[me];
-    self_len = (c->send_counts[me] < c->recv_counts[me] ? c->send_counts[me]
-                                                         : c->recv_counts[me]) * es;
-    break;
+    return tcc__stream_alltoall_move(x, c, false, deadline, err);
   }
   tcc_result_t r = tcc__stream_xfer_run(x, deadline, err);
   /* after the transfers: the copy may not disturb bytes still to be sent */
@@ -240,9 +232,12 @@ static tcc_result_t run_parts(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t se
   stream_link_t *links = calloc((size_t)comm->size, sizeof(*links));
   stream_xfer_t x = {.comm = comm, .what = tcc__coll_name(c->kind), .phase = "start", .seq = seq, .links = links};
   if (!links) return fail_nomem(&x, err);
-  if (parts == (PART_AGREE | PART_DATA) && tcc__stream_eager_fits(c, comm->size)) {
+  const bool whole = parts == (PART_AGREE | PART_DATA);
+  if (whole && (c->kind == TCC_COLL_ALLTOALL || tcc__stream_eager_fits(c, comm->size))) {
     tcc_result_t r = refuse_if_failed(&x, err);
-    if (r == TCC_OK) r = tcc__coll_stream_eager(&x, c, deadline_ns, err);
+    if (r == TCC_OK)
+      r = c->kind == TCC_COLL_ALLTOALL ? tcc__coll_stream_alltoall(&x, c, deadline_ns, err)
+                                       : tcc__coll_stream_eager(&x, c, deadline_ns, err);
     free(links);
     return r;
   }

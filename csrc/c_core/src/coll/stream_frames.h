@@ -51,6 +51,21 @@ tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, 
 bool tcc__stream_eager_fits(const tcc_coll_t *c, int n);
 tcc_result_t tcc__coll_stream_eager(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline, tcc_err_t *err);
 
+/* coll_stream_alltoall.c: an all-to-all whose small blocks go in the
+ * frames. Whether a block of `bytes` does (both ends decide alike from the
+ * block's size; the check confirms they agree on it). */
+bool tcc__stream_block_in_frame(size_t bytes, int n);
+/* How many of this rank's blocks, sent and received, go in frames: what
+ * the op log calls its algorithm. */
+typedef enum { ALLTOALL_FRAMES_NONE, ALLTOALL_FRAMES_SOME, ALLTOALL_FRAMES_ALL } alltoall_frames_t;
+alltoall_frames_t tcc__stream_alltoall_frames(const tcc_coll_t *c, int n, int me);
+/* The descriptors and small blocks in one exchange, then the rest. */
+tcc_result_t tcc__coll_stream_alltoall(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline, tcc_err_t *err);
+/* Moves the blocks by direct exchange, except the small ones where
+ * small_sent (they went in the frames), then this rank's own block. */
+tcc_result_t tcc__stream_alltoall_move(stream_xfer_t *x, const tcc_coll_t *c, bool small_sent, int64_t deadline,
+                                       tcc_err_t *err);
+
 /* coll_stream.c: after the exchange, so all ranks (which agree on the
  * root) fail alike: a rooted op's root must be a rank of the group. */
 tcc_result_t tcc__coll_stream_root_check(const stream_xfer_t *x, const tcc_coll_t *c, tcc_err_t *err);

@@ -196,6 +196,10 @@ static void gen_stream_frames(void) {
   frames_seed("allreduce", 2, 0, (frame_spec_t){TCC_COLL_ALLREDUCE, 2, 8, 0}, 8, -1, none);
   frames_seed("allgather-3", 3, 1, (frame_spec_t){TCC_COLL_ALLGATHER, 5, 20, 0}, 20, -1, none);
   frames_seed("alltoall-4", 4, 2, (frame_spec_t){TCC_COLL_ALLTOALL, 3, 0, 0}, 0, -1, none);
+  /* an all-to-all's small blocks in the frames, and one of another length */
+  frames_seed("alltoall-blocks-4", 4, 1, (frame_spec_t){TCC_COLL_ALLTOALL, 3, 12, 0}, 12, -1, none);
+  frames_seed("alltoall-block-length", 3, 0, (frame_spec_t){TCC_COLL_ALLTOALL, 3, 12, 0}, 12, 2,
+              (frame_spec_t){TCC_COLL_ALLTOALL, 4, 16, 0});
   frames_seed("barrier", 3, 0, none, 0, -1, none);
   frames_seed("count-mismatch", 3, 0, (frame_spec_t){TCC_COLL_ALLREDUCE, 4, 16, 0}, 16, 2,
               (frame_spec_t){TCC_COLL_ALLREDUCE, 5, 20, 0});
