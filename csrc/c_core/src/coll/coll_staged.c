@@ -218,6 +218,15 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
 
 /* ---- reductions ------------------------------------------------------- */
 
+/* Where rank r's input of a one-shot reduction of `bytes` is staged: right
+ * after its descriptor when it fits there (it then reaches the peers with
+ * the descriptor), else its input span. Every rank decides alike: the
+ * peers' inputs are read only after the check found the sizes equal. */
+static char *one_shot_in(staged_t *st, int r, int parity, size_t bytes) {
+  if (bytes <= st->sp->desc_inline_bytes) return desc_of(st, r, parity) + sizeof(tcc_coll_desc_t);
+  return in_of(st, r, parity);
+}
+
 /* Every rank reduces the whole vector from all inputs: one barrier. */
 static tcc_result_t reduce_one_shot(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, uint64_t seq,
                                     int64_t deadline, tcc_err_t *err) {
@@ -225,11 +234,12 @@ static tcc_result_t reduce_one_shot(tcc_comm_t *comm, staged_t *st, const tcc_co
   const size_t bytes = c->count * tcc_dtype_size(c->dtype);
   const int parity = next_parity(st);
   tcc__coll_desc_fill(c, seq, n, desc_of(st, me, parity));
-  if (bytes) tcc__copy(in_of(st, me, parity), c->send, bytes); /* an empty tensor may have no data pointer */
+  /* An empty tensor may have no data pointer. */
+  if (bytes) tcc__copy(one_shot_in(st, me, parity, bytes), c->send, bytes);
   tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
   if (r != TCC_OK) return r;
   if (c->kind == TCC_COLL_ALLREDUCE || me == c->root) {
-    for (int j = 0; j < n; j++) st->sc->srcs[j] = in_of(st, j, parity);
+    for (int j = 0; j < n; j++) st->sc->srcs[j] = one_shot_in(st, j, parity, bytes);
     tcc__reduce_n(c->recv, st->sc->srcs, n, c->count, c->dtype, c->redop, c->premul);
   }
   return TCC_OK;

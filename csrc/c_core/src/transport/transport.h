@@ -20,6 +20,10 @@ typedef struct tcc__spans_ops {
   /* Reductions up to this size go one-shot (agreed by every rank). */
   size_t (*one_shot_bytes)(tcc_comm_t *comm);
   char *(*desc)(tcc_comm_t *comm, int rank, int parity);
+  /* Bytes right after a descriptor that travel with it at no cost (the
+   * rest of its cache line): a one-shot reduction's input that fits goes
+   * there instead of the input span. Every rank has the same value. */
+  size_t desc_inline_bytes;
   char *(*input)(tcc_comm_t *comm, int rank, int parity);
   char *(*result)(tcc_comm_t *comm, int rank, int parity);
   /* The parity the next stage writes. */

@@ -16,8 +16,8 @@
  * their own environment, and accept the header only when the layout they
  * recompute from it and the group size matches it exactly. Layout:
  *
- *   header | per-rank control (barrier arrival, p2p doorbell)
- *          | per-rank descriptors [2 parities]
+ *   header | per-rank control (CPU, p2p doorbell, failure, liveness)
+ *          | per-rank slots [2 parities]: barrier arrival, then descriptor
  *          | per-rank staging [2 parities] x (input window W, result window W)
  *          | p2p rings, one per ordered pair of ranks
  *
@@ -47,8 +47,7 @@ typedef struct shm_header {
 } shm_header_t;
 
 typedef struct shm_rank_ctrl {
-  _Alignas(TCC_CACHELINE) atomic_ullong arrive; /* last barrier stage reached */
-  atomic_int cpu; /* the CPU the rank ran on at its last barrier (-1: not known) */
+  _Alignas(TCC_CACHELINE) atomic_int cpu; /* the CPU the rank ran on at its last barrier (-1: not known) */
   _Alignas(TCC_CACHELINE) atomic_uint doorbell; /* bumped to wake the p2p thread */
   atomic_int doorbell_sleeping;
   atomic_int destroyed; /* set before the rank lets go of its liveness lock */
@@ -102,8 +101,17 @@ static inline shm_state_t *shm_of(tcc_comm_t *comm) { return (shm_state_t *)comm
 static inline shm_rank_ctrl_t *shm_ctrl(shm_state_t *st, int r) {
   return (shm_rank_ctrl_t *)(st->base + st->hdr->ctrl_off) + r;
 }
+/* A rank's slot of one parity starts on a cache line with the last stage of
+ * that parity the rank reached (its barrier arrival), followed by its
+ * descriptor span: a peer that sees the arrival has the descriptor, and a
+ * small one-shot input after it (tcc__spans_ops_t.desc_inline_bytes), in
+ * the same line, one transfer between cores instead of three. */
+#define SHM_ARRIVAL_BYTES 8
+static inline atomic_ullong *shm_arrival(shm_state_t *st, int r, int parity) {
+  return (atomic_ullong *)(st->base + st->hdr->desc_off + ((size_t)r * 2 + (size_t)parity) * st->hdr->desc_stride);
+}
 static inline char *shm_desc(shm_state_t *st, int r, int parity) {
-  return st->base + st->hdr->desc_off + ((size_t)r * 2 + (size_t)parity) * st->hdr->desc_stride;
+  return (char *)shm_arrival(st, r, parity) + SHM_ARRIVAL_BYTES;
 }
 /* Input window of rank r for a parity. */
 static inline char *shm_in(shm_state_t *st, int r, int parity) {

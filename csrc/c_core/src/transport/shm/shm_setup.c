@@ -73,7 +73,7 @@ static void layout(shm_header_t *h, int n, uint64_t window) {
   h->window = window;
   h->ring_bytes = n <= 4 ? (1u << 20) : align_up((4u << 20) / (size_t)n, 4096);
   if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
-  h->desc_stride = align_up(tcc__coll_spans_desc_bytes(n), TCC_CACHELINE);
+  h->desc_stride = align_up(SHM_ARRIVAL_BYTES + tcc__coll_spans_desc_bytes(n), TCC_CACHELINE);
   h->ctrl_off = HEADER_BYTES;
   h->desc_off = align_up(h->ctrl_off + (size_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
   h->data_off = align_up(h->desc_off + (size_t)n * 2 * h->desc_stride, 4096);

@@ -11,9 +11,14 @@
 #include "core/mutation.h"
 #include "transport/shm/shm.h"
 
+/* Whether rank r has reached `stage` (its arrival word of that parity). */
+static bool reached(shm_state_t *st, int r, uint64_t stage) {
+  return atomic_load_explicit(shm_arrival(st, r, (int)(stage & 1)), memory_order_acquire) >= stage;
+}
+
 static int first_missing(shm_state_t *st, int n, int from, uint64_t stage) {
   for (int j = from; j < n; j++)
-    if (atomic_load_explicit(&shm_ctrl(st, j)->arrive, memory_order_acquire) < stage) return j;
+    if (!reached(st, j, stage)) return j;
   return n;
 }
 
@@ -24,7 +29,7 @@ static tcc_result_t barrier_timeout(tcc_comm_t *comm, shm_state_t *st, const cha
   char missing[256] = "";
   size_t len = 0;
   for (int j = 0; j < comm->size && len < sizeof missing - 16; j++) {
-    if (atomic_load(&shm_ctrl(st, j)->arrive) < stage)
+    if (!reached(st, j, stage))
       len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", tcc__rank_label(comm, j));
   }
   return tcc__err_set(err, TCC_ERR_TIMEOUT,
@@ -59,7 +64,7 @@ static bool missing_rank_here(void *arg) {
   if (here < 0) return true;
   for (int k = a->first; k < a->n; k++) {
     const shm_rank_ctrl_t *c = shm_ctrl(a->st, k);
-    if (atomic_load_explicit(&c->arrive, memory_order_acquire) >= a->stage) continue;
+    if (reached(a->st, k, a->stage)) continue;
     const int cpu = atomic_load_explicit(&c->cpu, memory_order_relaxed);
     if (cpu < 0 || cpu == here) {
       a->shared_cpu = true;
@@ -81,11 +86,19 @@ static tcc_result_t arrival_trouble(void *arg, int64_t now_ns) {
                        (unsigned long long)a->seq, comm->name, tcc__self_label(comm), cause);
   }
   for (int k = a->first; k < a->n; k++) {
-    if (atomic_load_explicit(&shm_ctrl(a->st, k)->arrive, memory_order_acquire) >= a->stage) continue;
+    if (reached(a->st, k, a->stage)) continue;
     tcc_result_t gone = tcc__shm_peer_check(comm, a->st, k, false, a->what, a->err);
     if (gone != TCC_OK) return gone;
   }
   return TCC_OK;
+}
+
+/* Publishes the CPU this rank runs on, writing only when it changed: the
+ * peers read this line, and a needless write takes it back from them. */
+static void note_cpu(shm_rank_ctrl_t *mine) {
+  const int cpu = tcc__cpu_now();
+  if (atomic_load_explicit(&mine->cpu, memory_order_relaxed) != cpu)
+    atomic_store_explicit(&mine->cpu, cpu, memory_order_relaxed);
 }
 
 static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const char *what, uint64_t seq,
@@ -96,8 +109,8 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
   const uint64_t stage = ++st->stage;
   shm_header_t *h = st->hdr;
   shm_rank_ctrl_t *mine = shm_ctrl(st, comm->rank);
-  atomic_store_explicit(&mine->cpu, tcc__cpu_now(), memory_order_relaxed);
-  atomic_store(&mine->arrive, stage);
+  note_cpu(mine);
+  atomic_store(shm_arrival(st, comm->rank, (int)(stage & 1)), stage);
   if (atomic_load(&h->barrier_sleepers) > 0) {
     atomic_fetch_add(&h->barrier_futex, 1);
     tcc__futex_wake_all(&h->barrier_futex);
@@ -112,7 +125,7 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
   tcc_result_t r = tcc__idle_wait(&w);
   tcc__cpu_share_after_wait(&comm->cpu_share, a.shared_cpu);
   /* Where this rank goes on from: what a peer waiting for it next sees. */
-  atomic_store_explicit(&mine->cpu, tcc__cpu_now(), memory_order_relaxed);
+  note_cpu(mine);
   /* On a timeout the stage counter stays as is: the communicator is failed anyway. */
   if (r == TCC_ERR_TIMEOUT) return barrier_timeout(comm, st, what, seq, stage, err);
   return r;
@@ -126,10 +139,14 @@ static char *result_span(tcc_comm_t *comm, int rank, int parity) { return shm_re
 static int next_parity(tcc_comm_t *comm) { return (int)((shm_of(comm)->stage + 1) & 1); }
 static size_t direct_bytes(tcc_comm_t *comm) { return shm_of(comm)->direct_bytes; }
 
+_Static_assert(SHM_ARRIVAL_BYTES + sizeof(tcc_coll_desc_t) <= TCC_CACHELINE,
+               "a rank's arrival and its descriptor share a cache line");
+
 const tcc__spans_ops_t tcc__shm_spans = {
     .window_bytes = window_bytes,
     .one_shot_bytes = one_shot_bytes,
     .desc = desc_span,
+    .desc_inline_bytes = TCC_CACHELINE - SHM_ARRIVAL_BYTES - sizeof(tcc_coll_desc_t),
     .input = input_span,
     .result = result_span,
     .next_parity = next_parity,
