@@ -16,6 +16,9 @@
  *            rank 1 drops CAP_SYS_PTRACE): rank 0 can read rank 1 but not
  *            the other way round, so the group falls back, and restages
  *            the first window where rank 0 had skipped it.
+ * Each group runs with a threshold of 16 KiB, the direct group also with 4
+ * bytes: then the smallest streams, which otherwise travel in the
+ * descriptor's cache line, move directly too (or are staged again).
  * Then the default threshold, without TCCOMM_SHM_DIRECT_BYTES: 16 KiB when
  * rank 0 may use a CPU per rank, 64 KiB when it is bound to fewer CPUs than
  * the group has ranks (rank 0's choice holds for every rank).
@@ -37,7 +40,7 @@
 #include "transport/shm/shm.h"
 
 #define WINDOW 65536u       /* TCCOMM_SHM_WINDOW_BYTES */
-#define DIRECT_BYTES 16384u /* TCCOMM_SHM_DIRECT_BYTES */
+static size_t direct_threshold; /* TCCOMM_SHM_DIRECT_BYTES of the group running */
 #define MAX_N 4
 
 typedef enum { GROUP_DIRECT, GROUP_ONE_OFF, GROUP_REFUSED, GROUP_OWN_CPUS, GROUP_SHARED_CPUS } group_kind_t;
@@ -191,10 +194,10 @@ static void exchange_verdicts(tcc_comm_t *comm) {
   for (int j = 0; j < n; j++) {
     const size_t v = verdicts[j];
     switch (kind) {
-      case GROUP_DIRECT: CHECK(v == DIRECT_BYTES, "direct group: rank %d cannot read its peers", j); break;
+      case GROUP_DIRECT: CHECK(v == direct_threshold, "direct group: rank %d cannot read its peers", j); break;
       case GROUP_ONE_OFF: CHECK(v == SIZE_MAX, "one rank offers no reads, yet rank %d reads", j); break;
       case GROUP_REFUSED:
-        CHECK(v == (j == 0 ? DIRECT_BYTES : SIZE_MAX), "refused group: rank %d's verdict is %zu", j, v);
+        CHECK(v == (j == 0 ? direct_threshold : SIZE_MAX), "refused group: rank %d's verdict is %zu", j, v);
         break;
       default: break;
     }
@@ -248,7 +251,8 @@ static void test_page_offsets(tcc_comm_t *comm, size_t recv_offset, size_t send_
 static void all_ops(tcc_comm_t *comm) {
   exchange_verdicts(comm);
   /* Below, at and above the threshold, within one window and across many. */
-  const size_t counts[] = {0, 1, 1000, DIRECT_BYTES / 4 - 1, DIRECT_BYTES / 4, 5000, WINDOW / 4 + 3, 100003};
+  const size_t counts[] = {0,    1,    6,    7, direct_threshold / 4 - 1, direct_threshold / 4, 1000, 5000,
+                           WINDOW / 4 + 3, 100003};
   for (size_t k = 0; k < sizeof counts / sizeof *counts; k++) {
     const size_t count = counts[k];
     test_broadcast(comm, count);
@@ -341,27 +345,30 @@ int main(void) {
   alarm(600); /* a hang fails the test instead of blocking CI */
   unsetenv("TCCOMM_TRANSPORT");
   unsetenv("TCCOMM_CMA");
-  char window[32], direct[32];
+  char window[32];
   snprintf(window, sizeof window, "%u", WINDOW);
-  snprintf(direct, sizeof direct, "%u", DIRECT_BYTES);
   setenv("TCCOMM_SHM_WINDOW_BYTES", window, 1);
-  setenv("TCCOMM_SHM_DIRECT_BYTES", direct, 1);
   verdicts = mmap(NULL, MAX_N * sizeof *verdicts, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   group_rank_setup = rank_setup;
   const char *unavailable = cma_unavailable();
-  const struct { const char *name; group_kind_t kind; int n; } groups[] = {
-      {"direct", GROUP_DIRECT, 2},   {"direct", GROUP_DIRECT, 3},   {"direct", GROUP_DIRECT, 4},
-      {"one-off", GROUP_ONE_OFF, 3}, {"refused", GROUP_REFUSED, 2},
+  const struct { const char *name; group_kind_t kind; int n; size_t threshold; } groups[] = {
+      {"direct", GROUP_DIRECT, 2, 16384},   {"direct", GROUP_DIRECT, 3, 16384},   {"direct", GROUP_DIRECT, 4, 16384},
+      {"one-off", GROUP_ONE_OFF, 3, 16384}, {"refused", GROUP_REFUSED, 2, 16384}, {"direct", GROUP_DIRECT, 3, 4},
+      {"one-off", GROUP_ONE_OFF, 3, 4},     {"refused", GROUP_REFUSED, 2, 4},
   };
   int passed = 0, failed = 0;
   for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
     kind = groups[g].kind;
+    direct_threshold = groups[g].threshold;
     if (kind != GROUP_ONE_OFF && unavailable) {
       printf("skip %s n=%d: %s\n", groups[g].name, groups[g].n, unavailable);
       continue;
     }
+    char direct[32];
+    snprintf(direct, sizeof direct, "%zu", direct_threshold);
+    setenv("TCCOMM_SHM_DIRECT_BYTES", direct, 1);
     int bad = run_group(groups[g].n, "shm", 60000, "direct-group", all_ops);
-    printf("%s %s n=%d\n", bad ? "FAIL" : "ok  ", groups[g].name, groups[g].n);
+    printf("%s %s n=%d, threshold %zu\n", bad ? "FAIL" : "ok  ", groups[g].name, groups[g].n, direct_threshold);
     bad ? failed++ : passed++;
   }
   unsetenv("TCCOMM_SHM_DIRECT_BYTES");

@@ -53,12 +53,22 @@ static direct_block_t *block_in(char *desc_span, int size) {
 
 static uint64_t *dests_of(direct_block_t *b, int size) { return (uint64_t *)(b->pieces + size); }
 
+/* Whether a stream of `longest` bytes may move directly at all: below the
+ * group's agreed size no rank's verdict allows it. */
+static bool direct_possible(tcc_comm_t *comm, size_t longest) {
+  const tcc__spans_ops_t *sp = comm->ops->spans;
+  return sp->peer_read && sp->peer_write && longest >= sp->direct_agreed_bytes(comm);
+}
+
 static bool skips_first_window(const direct_block_t *b) {
   return b->stream_len > 0 && b->stream_len >= b->direct_bytes;
 }
 
 bool tcc__direct_publish(tcc_comm_t *comm, const tcc_coll_t *c, char *desc_span, const coll_piece_t *pieces, int np,
-                         size_t stream_len) {
+                         size_t stream_len, size_t longest_bound) {
+  /* Small ops leave the block alone: its lines then stay in this rank's
+   * cache instead of crossing to every peer and back. */
+  if (!direct_possible(comm, longest_bound)) return true;
   const tcc__spans_ops_t *sp = comm->ops->spans;
   const int n = comm->size, me = comm->rank;
   direct_block_t *b = block_in(desc_span, n);
@@ -77,6 +87,7 @@ bool tcc__direct_publish(tcc_comm_t *comm, const tcc_coll_t *c, char *desc_span,
 }
 
 tcc__direct_plan_t tcc__direct_choose(tcc_comm_t *comm, const void *const *descs, size_t longest) {
+  if (!direct_possible(comm, longest)) return TCC__DIRECT_NONE; /* no rank published nor skipped */
   bool every_rank_reads = true, someone_skipped = false;
   for (int j = 0; j < comm->size; j++) {
     const direct_block_t *b = block_in((char *)descs[j], comm->size);

@@ -16,11 +16,13 @@ typedef struct coll_piece {
   size_t len;
 } coll_piece_t;
 
-/* What this rank reads from one peer's stream: bytes [off, off+len) into dst. */
+/* What this rank reads from one peer's stream: bytes [off, off+len) into
+ * dst; stream: the length of that whole stream (where it was staged). */
 typedef struct coll_read {
   size_t off;
   size_t len;
   char *dst;
+  size_t stream;
 } coll_read_t;
 
 typedef struct tcc__coll_scratch {
@@ -86,17 +88,20 @@ static inline tcc__coll_scratch_t *coll_scratch_of(tcc_comm_t *comm) {
 }
 
 /* coll_direct.c: single-copy movement over spans (see the file). The
- * block goes into this rank's descriptor span at the first stage;
- * publish returns whether this rank must stage its first window too. */
+ * block goes into this rank's descriptor span at the first stage, unless
+ * longest_bound (at least the longest stream of any rank, should the ranks
+ * agree on the op) is below the size the group agreed on for direct
+ * movement: then no rank reads it. publish returns whether this rank must
+ * stage its first window too. */
 bool tcc__direct_publish(tcc_comm_t *comm, const tcc_coll_t *c, char *desc_span, const coll_piece_t *pieces, int np,
-                         size_t stream_len);
+                         size_t stream_len, size_t longest_bound);
 typedef enum {
   TCC__DIRECT_NONE,    /* through the windows */
   TCC__DIRECT_RESTAGE, /* through the windows, the first one staged again */
   TCC__DIRECT_READS,   /* single-copy */
 } tcc__direct_plan_t;
 /* Every rank's same choice, from every rank's descriptor span (descs)
- * and the longest stream. */
+ * and the longest stream (below the agreed size: NONE, no block read). */
 tcc__direct_plan_t tcc__direct_choose(tcc_comm_t *comm, const void *const *descs, size_t longest);
 /* Moves the op's data single-copy: reads[j] is what this rank reads from
  * peer j's stream, writes[r] what peer r reads from this rank's (whose

@@ -118,21 +118,21 @@ static size_t plan_read(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, siz
   const int n = comm->size, root = c->root;
   const bool mine = me == comm->rank;
   const size_t bytes = c->count * es;
-  *rd = (coll_read_t){0, 0, NULL};
+  *rd = (coll_read_t){0, 0, NULL, 0};
   switch (c->kind) {
     case TCC_COLL_BROADCAST:
-      if (me != root && j == root) *rd = (coll_read_t){0, bytes, mine ? c->recv : NULL};
+      if (me != root && j == root) *rd = (coll_read_t){0, bytes, mine ? c->recv : NULL, 0};
       return j == root ? bytes : 0;
     case TCC_COLL_ALLGATHER:
-      if (j != me) *rd = (coll_read_t){0, bytes, mine ? c->recvs[j] : NULL};
+      if (j != me) *rd = (coll_read_t){0, bytes, mine ? c->recvs[j] : NULL, 0};
       return bytes;
     case TCC_COLL_GATHER:
-      if (me == root && j != root) *rd = (coll_read_t){0, bytes, mine ? c->recvs[j] : NULL};
+      if (me == root && j != root) *rd = (coll_read_t){0, bytes, mine ? c->recvs[j] : NULL, 0};
       return j == root ? 0 : bytes;
     case TCC_COLL_SCATTER:
       if (me != root && j == root) {
         size_t index = (size_t)(me < root ? me : me - 1);
-        *rd = (coll_read_t){index * bytes, bytes, mine ? c->recv : NULL};
+        *rd = (coll_read_t){index * bytes, bytes, mine ? c->recv : NULL, 0};
       }
       return j == root ? (size_t)(n - 1) * bytes : 0;
     case TCC_COLL_ALLTOALL: {
@@ -143,12 +143,38 @@ static size_t plan_read(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, siz
         if (k < me) off += sent[k] * es;
         total += sent[k] * es;
       }
-      if (j != me) *rd = (coll_read_t){off, sent[me] * es, mine ? c->recvs[j] : NULL};
+      if (j != me) *rd = (coll_read_t){off, sent[me] * es, mine ? c->recvs[j] : NULL, 0};
       return total;
     }
     default:
       return 0;
   }
+}
+
+/* At least the longest stream of any rank, as this rank's own arguments
+ * tell it before the descriptors are checked (they hold if the ranks
+ * agree; if not, no data moves). An all-to-all's peers' counts are not
+ * known here. */
+static size_t stream_bound(tcc_comm_t *comm, const tcc_coll_t *c, size_t es) {
+  const size_t bytes = c->count * es;
+  switch (c->kind) {
+    case TCC_COLL_ALLTOALL: return SIZE_MAX;
+    case TCC_COLL_SCATTER: return (size_t)(comm->size - 1) * bytes;
+    default: return bytes;
+  }
+}
+
+/* Where rank r stages the first window of its stream of `len` bytes: a
+ * stream that fits right after the descriptor goes there, and reaches the
+ * peers with it (see one_shot_in). Not an all-to-all's, whose counts take
+ * that place, nor where the single-copy block would overlap it (one rank:
+ * nobody reads anyway). Every rank decides alike from the checked lengths. */
+static char *stream_span(staged_t *st, const tcc_coll_t *c, int r, int parity, size_t len) {
+  const size_t inline_from = sizeof(tcc_coll_desc_t);
+  if (c->kind != TCC_COLL_ALLTOALL && len <= st->sp->desc_inline_bytes &&
+      inline_from + st->sp->desc_inline_bytes <= tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, st->comm->size))
+    return desc_of(st, r, parity) + inline_from;
+  return in_of(st, r, parity);
 }
 
 /* Copies this rank's own contribution where the result needs it. */
@@ -179,14 +205,15 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
   int parity = next_parity(st);
   char *desc = desc_of(st, me, parity);
   tcc__coll_desc_fill(c, seq, n, desc);
-  if (tcc__direct_publish(comm, c, desc, st->sc->pieces, np, my_len))
-    copy_stream(in_of(st, me, parity), st->sc->pieces, np, 0, min_sz(my_len, W));
+  if (tcc__direct_publish(comm, c, desc, st->sc->pieces, np, my_len, stream_bound(comm, c, es)))
+    copy_stream(stream_span(st, c, me, parity, my_len), st->sc->pieces, np, 0, min_sz(my_len, W));
   tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
   if (r != TCC_OK) return r;
 
   size_t longest = 0;
   for (int j = 0; j < n; j++) {
     size_t len = plan_read(comm, st, c, es, me, j, &st->sc->reads[j]);
+    st->sc->reads[j].stream = len;
     if (len > longest) longest = len;
   }
   copy_local(comm, c, es);
@@ -210,7 +237,10 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
       size_t a = rd->off > lo ? rd->off : lo;
       size_t b = min_sz(rd->off + rd->len, hi);
       if (rd->len == 0 || a >= b) continue;
-      tcc__copy(rd->dst + (a - rd->off), in_of(st, j, parity) + (a - lo), b - a);
+      /* Only the first stage's staging may have gone after the descriptor. */
+      const char *from = lo == 0 && plan == TCC__DIRECT_NONE ? stream_span(st, c, j, parity, rd->stream)
+                                                             : in_of(st, j, parity);
+      tcc__copy(rd->dst + (a - rd->off), from + (a - lo), b - a);
     }
   }
   return TCC_OK;

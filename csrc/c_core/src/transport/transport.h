@@ -43,6 +43,9 @@ typedef struct tcc__spans_ops {
    * at address `remote` of `rank` into `local`, peer_write the other way;
    * an error names the op (`what`, seq) and the peer. */
   size_t (*direct_bytes)(tcc_comm_t *comm);
+  /* The size every rank of the group that can move directly uses: a
+   * stream shorter than it never moves directly, whatever the verdicts. */
+  size_t (*direct_agreed_bytes)(tcc_comm_t *comm);
   tcc_result_t (*peer_read)(tcc_comm_t *comm, int rank, void *local, uint64_t remote, size_t len, const char *what,
                             uint64_t seq, tcc_err_t *err);
   tcc_result_t (*peer_write)(tcc_comm_t *comm, int rank, const void *local, uint64_t remote, size_t len,

@@ -138,6 +138,7 @@ static char *input_span(tcc_comm_t *comm, int rank, int parity) { return shm_in(
 static char *result_span(tcc_comm_t *comm, int rank, int parity) { return shm_res(shm_of(comm), rank, parity); }
 static int next_parity(tcc_comm_t *comm) { return (int)((shm_of(comm)->stage + 1) & 1); }
 static size_t direct_bytes(tcc_comm_t *comm) { return shm_of(comm)->direct_bytes; }
+static size_t direct_agreed_bytes(tcc_comm_t *comm) { return shm_of(comm)->hdr->direct_bytes; }
 
 _Static_assert(SHM_ARRIVAL_BYTES + sizeof(tcc_coll_desc_t) <= TCC_CACHELINE,
                "a rank's arrival and its descriptor share a cache line");
@@ -152,6 +153,7 @@ const tcc__spans_ops_t tcc__shm_spans = {
     .next_parity = next_parity,
     .barrier = stage_barrier,
     .direct_bytes = direct_bytes,
+    .direct_agreed_bytes = direct_agreed_bytes,
     .peer_read = tcc__shm_peer_read,
     .peer_write = tcc__shm_peer_write,
 };
