@@ -47,6 +47,10 @@ tcc_result_t tcc__err_prefix(tcc_err_t *err, tcc_result_t code, const char *fmt,
 /* ---- time and waiting ------------------------------------------------ */
 
 int64_t tcc__now_ns(void); /* CLOCK_MONOTONIC */
+/* The same clock at the resolution of the kernel's tick (a few ms) and a
+ * fraction of the cost: never ahead of tcc__now_ns(). For time stamps that
+ * only decide between polling and sleeping. */
+int64_t tcc__coarse_now_ns(void);
 /* tcc__now_ns() + timeout_ms, saturated at INT64_MAX: a huge timeout means
  * "practically never" instead of wrapping into the past. A negative timeout
  * counts as 0 (the deadline is now). */

@@ -123,6 +123,8 @@ struct tcc_comm {
   void *device_state;        /* the device executor's state (core/executor.h) */
   void *coll_scratch;        /* the collective algorithms' (coll/) */
   atomic_ullong coll_issued;   /* collectives issued (sequence numbers) */
+  /* One released op's memory, kept for the next op (core/op.c). */
+  _Atomic(struct tcc_op *) spare_op;
   atomic_int aborted;          /* set by abort or a fatal failure */
   tcc_result_t fail_code;      /* why aborted */
   pthread_mutex_t fail_lock;
@@ -186,6 +188,8 @@ static inline void tcc__op_begin(tcc_op_t *op) {
   atomic_store_explicit(&op->started, 1, memory_order_release);
 }
 
+/* Zeroed memory for a new op of comm (NULL: out of memory). */
+tcc_op_t *tcc__op_memory(tcc_comm_t *comm);
 /* Finishes an op: records result/message, runs the callback, wakes waiters. */
 void tcc__op_finish(tcc_op_t *op, tcc_result_t result, const char *msg);
 /* "allreduce", "send", ... */

@@ -87,7 +87,7 @@ static int64_t op_timeout(tcc_comm_t *comm, const tcc_op_opts_t *opts) {
 }
 
 static tcc_op_t *op_alloc(tcc_comm_t *comm, tcc_op_kind_t kind, const tcc_op_opts_t *opts) {
-  tcc_op_t *op = calloc(1, sizeof *op);
+  tcc_op_t *op = tcc__op_memory(comm);
   if (!op) return NULL;
   atomic_store(&op->refs, 1);
   atomic_fetch_add(&comm->refs, 1); /* released with the op */

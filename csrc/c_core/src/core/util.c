@@ -179,6 +179,12 @@ int64_t tcc__now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+int64_t tcc__coarse_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 int64_t tcc__deadline_after_ms(int64_t timeout_ms) {
   const int64_t now = tcc__now_ns();
   if (timeout_ms <= 0) return now;

@@ -90,7 +90,7 @@ struct tcc_engine {
   int stopping;
   int p2p_idle;       /* p2p thread sleeping on p2p_cv */
   int p2p_deep_sleep; /* ... until signalled (no timeout) */
-  int64_t p2p_last_submit_ns; /* under lock */
+  int64_t p2p_last_submit_ns; /* under lock (tcc__coarse_now_ns) */
   /* When a caller last ran p2p rounds (tcc__now_ns); 0 after tcc_op_start.
    * The p2p thread leaves pending ops to callers until P2P_POLL_NS after it. */
   _Atomic int64_t p2p_attended_ns;
@@ -106,7 +106,7 @@ struct tcc_engine {
   bool *waiter_want_write; /* the waiter's per-peer write interest (under p2p_progress) */
   tcc__spin_gate_t waiter_spin_gate; /* whether a waiter spins where peers' CPUs are unknown (under p2p_progress) */
   int coll_deep_sleep;      /* the collective thread sleeps until signalled */
-  int64_t last_submit_ns;   /* last collective submitted (tcc__now_ns) */
+  int64_t last_submit_ns;   /* last collective submitted (tcc__coarse_now_ns) */
   pthread_t coll_thread, p2p_thread;
   int coll_started, p2p_started;
   peer_state_t *peers;

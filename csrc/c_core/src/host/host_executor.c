@@ -64,7 +64,7 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     /* Numbered under the lock so numbers follow queue order. */
     op->seq = atomic_fetch_add(&comm->coll_issued, 1) + 1;
     tcc__queue_push(&e->coll_head, &e->coll_tail, op);
-    e->last_submit_ns = tcc__now_ns();
+    e->last_submit_ns = tcc__coarse_now_ns();
     if (e->coll_deep_sleep) pthread_cond_signal(&e->coll_cv); /* see host.h */
     pthread_mutex_unlock(&e->lock);
     return TCC_OK;
@@ -72,7 +72,7 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   tcc__op_begin(op);
   tcc__queue_push(&e->p2p_new_head, &e->p2p_new_tail, op);
   e->p2p_pending++;
-  e->p2p_last_submit_ns = tcc__now_ns();
+  e->p2p_last_submit_ns = tcc__coarse_now_ns();
   pthread_mutex_unlock(&e->lock);
   /* The caller's round first; the p2p thread only when it must (host.h). */
   if (tcc__host_p2p_round_now(comm, op)) return TCC_OK;
