@@ -222,7 +222,7 @@ static void shm_layout(shm_header_t *h, int n, uint64_t window) {
   h->small_bytes = window < 32768 ? window : 32768;
   h->ring_bytes = n <= 4 ? (1u << 20) : align_to((4u << 20) / (uint64_t)n, 4096);
   if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
-  h->desc_stride = align_to(tcc__coll_spans_desc_bytes(n), TCC_CACHELINE);
+  h->desc_stride = align_to(SHM_ARRIVAL_BYTES + tcc__coll_spans_desc_bytes(n), TCC_CACHELINE);
   h->ctrl_off = TCC_SEGMENT_HEAD_BYTES;
   h->desc_off = align_to(h->ctrl_off + (uint64_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
   h->data_off = align_to(h->desc_off + (uint64_t)n * 2 * h->desc_stride, 4096);
