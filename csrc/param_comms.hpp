@@ -15,6 +15,7 @@
 
 namespace at {
 class RecordFunction;
+enum class RecordScope : uint8_t;
 }
 namespace c10 {
 class DebugInfoGuard;
@@ -56,11 +57,15 @@ struct OpNames {
 };
 OpNames opNames(c10d::OpType type);
 
+// Whether a profiler (or other RecordFunction callback) listens in `scope`
+// on this thread now.
+bool listening(at::RecordScope scope);
+
 // The record_param_comms event of one op: open while the op is issued.
 class ParamCommsRecord {
  public:
-  // Whether any profiler (or other RecordFunction callback) listens now:
-  // one branch; build the description only then.
+  // Whether the event would be recorded (listening() for its scope): build
+  // the description only then.
   static bool wanted();
   ParamCommsRecord(const GroupIdentity& group, const OpParams& op);
   ~ParamCommsRecord();

@@ -36,10 +36,21 @@ std::string coreFailure(const char* op, tcc_op_t* handle) {
 
 // The name under which torch's profiler shows a work, from issue to
 // completion ("tccomm:all_reduce", as gloo's are "gloo:all_reduce").
-// nullptr while no profiler callback is registered: c10d::Work then skips
-// the recording (an allocation per op) altogether.
+// nullptr while no profiler callback listens in the scope c10d::Work records
+// in: it then skips the recording (an allocation per op) altogether.
 const char* profilingTitle(c10d::OpType type) {
-  return at::hasCallbacks() ? opNames(type).span : nullptr;
+  return listening(at::RecordScope::USER_SCOPE) ? opNames(type).span : nullptr;
+}
+
+// The inputs c10d::Work records with the span: only when there is one. The
+// argument is a std::optional of a vector, so passing the vector copies it,
+// and each copied tensor's reference count crossing 1 <-> 2 takes the GIL
+// (torch keeps a tensor's Python object alive while C++ holds it).
+std::optional<std::vector<at::Tensor>> recordedInputs(const char* title, const std::vector<at::Tensor>& inputs) {
+  if (title == nullptr) {
+    return std::nullopt;
+  }
+  return inputs;
 }
 
 } // namespace
@@ -121,24 +132,21 @@ void PendingOp::complete() {
     }
   }
   for (auto& work : listeners) {
-    work->opDone(*this);
+    work->opDone(error);
   }
 }
 
 void PendingOp::addListener(c10::intrusive_ptr<TccWork> work) {
+  std::exception_ptr error;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!done_) {
       listeners_.push_back(std::move(work));
       return;
     }
+    error = error_;
   }
-  work->opDone(*this);
-}
-
-std::exception_ptr PendingOp::error() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return error_;
+  work->opDone(error);
 }
 
 // ---- TccWork ---------------------------------------------------------------
@@ -146,13 +154,14 @@ std::exception_ptr PendingOp::error() const {
 TccWork::TccWork(
     int rank,
     c10d::OpType type,
+    const char* title,
     const char* op,
     std::vector<c10::intrusive_ptr<PendingOp>> ops,
     std::vector<at::Tensor> outputs,
     const std::vector<at::Tensor>& inputs,
     int sourceRank,
     RecorderTicket ticket)
-    : c10d::Work(rank, type, profilingTitle(type), inputs),
+    : c10d::Work(rank, type, title, recordedInputs(title, inputs)),
       op_(op),
       ops_(std::move(ops)),
       outputs_(std::move(outputs)),
@@ -170,7 +179,7 @@ c10::intrusive_ptr<TccWork> TccWork::create(
     int sourceRank,
     RecorderTicket ticket) {
   auto work = c10::make_intrusive<TccWork>(
-      rank, type, op, std::move(ops), std::move(outputs), inputs, sourceRank, std::move(ticket));
+      rank, type, profilingTitle(type), op, std::move(ops), std::move(outputs), inputs, sourceRank, std::move(ticket));
   for (auto& pending : work->ops_) {
     if (pending->device() >= 0) {
       work->device_ = pending->device();
@@ -189,8 +198,8 @@ c10::intrusive_ptr<TccWork> TccWork::create(
   return work;
 }
 
-void TccWork::opDone(const PendingOp& op) {
-  if (auto error = op.error()) {
+void TccWork::opDone(const std::exception_ptr& error) {
+  if (error) {
     std::lock_guard<std::mutex> lock(errorMutex_);
     if (!firstError_) {
       firstError_ = error;
@@ -202,11 +211,7 @@ void TccWork::opDone(const PendingOp& op) {
 }
 
 void TccWork::complete() {
-  std::exception_ptr error;
-  {
-    std::lock_guard<std::mutex> lock(errorMutex_);
-    error = firstError_;
-  }
+  const std::exception_ptr error = firstError_; // every op is done (see remaining_)
   if (ticket_.recorder) {
     const int source = sourceRank_ == kSourceFromOp && !error ? sourceRank() : -1;
     ticket_.recorder->retire(ticket_.slot, error != nullptr, source);
@@ -300,7 +305,8 @@ bool TccWork::wait(std::chrono::milliseconds timeout) {
       return true;
     }
   }
-  const auto deadline = Clock::now() + clampTimeout(timeout);
+  // The clock is read only for a bounded wait: most waits have no limit.
+  const auto deadline = bounded ? Clock::now() + clampTimeout(timeout) : Clock::time_point::max();
   for (auto& pending : ops_) {
     int64_t waitMs = -1; // no limit of our own: the op's timeout applies
     if (pending->device() >= 0 && !bounded) {

@@ -70,8 +70,6 @@ class PendingOp : public c10::intrusive_ptr_target {
   const char* name() const {
     return op_;
   }
-  // After completion: nullptr on success, else the error to raise.
-  std::exception_ptr error() const;
 
  private:
   static void onComplete(tcc_op_t* handle, void* arg);
@@ -115,10 +113,12 @@ class TccWork : public c10d::Work {
   std::vector<at::Tensor> result() override;
   int sourceRank() const override;
 
-  // Use create(), which also registers the work with its ops.
+  // Use create(), which also registers the work with its ops. `title`: the
+  // profiler's name for the work, nullptr while nobody listens.
   TccWork(
       int rank,
       c10d::OpType type,
+      const char* title,
       const char* op,
       std::vector<c10::intrusive_ptr<PendingOp>> ops,
       std::vector<at::Tensor> outputs,
@@ -126,8 +126,9 @@ class TccWork : public c10d::Work {
       int sourceRank,
       RecorderTicket ticket);
 
-  // Called by each PendingOp when it completes.
-  void opDone(const PendingOp& op);
+  // Called by each PendingOp when it completes, with its error (nullptr on
+  // success).
+  void opDone(const std::exception_ptr& error);
 
  private:
   void complete();
@@ -161,6 +162,8 @@ class TccWork : public c10d::Work {
   // The op's entry in the group's flight recorder, told when it ends.
   const RecorderTicket ticket_;
   std::atomic<size_t> remaining_;
+  // Written under errorMutex_ by a failed op before it counts itself done in
+  // remaining_; so whoever brings remaining_ to 0 reads it without the lock.
   std::mutex errorMutex_;
   std::exception_ptr firstError_;
 };

@@ -47,33 +47,49 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   tcc__op_finish(op, r, err.msg);
 }
 
-/* Runs queued collectives in order until the queue is empty, or until
- * `until` has finished. Caller holds the runner claim. */
-void tcc__host_run_queue(tcc_comm_t *comm, tcc_op_t *until) {
+/* The queue's first op, taken off it; NULL when empty. Caller holds the lock. */
+static tcc_op_t *pop_locked(tcc_engine_t *e) {
+  tcc_op_t *op = e->coll_head;
+  if (op) {
+    e->coll_head = op->next;
+    if (!e->coll_head) e->coll_tail = NULL;
+    op->next = NULL;
+  }
+  return op;
+}
+
+/* Runs `first` (already taken off the queue, or NULL), then queued
+ * collectives in order until the queue is empty, or until `until` has
+ * finished. Caller holds the runner claim. */
+void tcc__host_run_queue(tcc_comm_t *comm, tcc_op_t *until, tcc_op_t *first) {
   tcc_engine_t *e = comm->engine;
-  for (;;) {
-    if (until && atomic_load(&until->finished)) return;
-    pthread_mutex_lock(&e->lock);
-    tcc_op_t *op = e->coll_head;
-    if (op) {
-      e->coll_head = op->next;
-      if (!e->coll_head) e->coll_tail = NULL;
-      op->next = NULL;
+  for (tcc_op_t *op = first;;) {
+    if (!op) {
+      if (until && atomic_load(&until->finished)) return;
+      pthread_mutex_lock(&e->lock);
+      op = pop_locked(e);
+      pthread_mutex_unlock(&e->lock);
+      if (!op) return;
     }
-    pthread_mutex_unlock(&e->lock);
-    if (!op) return;
     execute_collective(comm, op);
     tcc_op_release(op);
+    op = NULL;
   }
 }
 
 /* A waiter claims the right to run the collective queue; at most one
  * thread holds it, so ops run one at a time in queue order. Refused once
- * destroy has begun: the stopping engine finishes the op then. */
-int tcc__host_claim_runner(tcc_engine_t *e) {
+ * destroy has begun: the stopping engine finishes the op then. With the
+ * claim it takes the queue's first op in the same critical section (one
+ * lock round per op fewer), unless `until` has finished already. */
+int tcc__host_claim_runner(tcc_engine_t *e, tcc_op_t *until, tcc_op_t **first) {
+  *first = NULL;
   pthread_mutex_lock(&e->lock);
   int got = !e->runner_busy && !e->stopping;
-  if (got) e->runner_busy = e->waiter_runs = 1;
+  if (got) {
+    e->runner_busy = e->waiter_runs = 1;
+    if (!atomic_load(&until->finished)) *first = pop_locked(e);
+  }
   pthread_mutex_unlock(&e->lock);
   return got;
 }
@@ -109,8 +125,9 @@ void *tcc__host_coll_thread(void *arg) {
     }
     if (!e->coll_head) break; /* stopping, nothing left */
     e->runner_busy = 1;
+    tcc_op_t *first = pop_locked(e);
     pthread_mutex_unlock(&e->lock);
-    tcc__host_run_queue(comm, NULL);
+    tcc__host_run_queue(comm, NULL, first);
     tcc__host_release_runner(e);
     pthread_mutex_lock(&e->lock);
   }

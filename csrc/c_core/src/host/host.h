@@ -124,11 +124,13 @@ typedef struct tcc_engine tcc_engine_t;
 /* The collective thread's main loop (arg: the communicator). */
 void *tcc__host_coll_thread(void *arg);
 /* A waiter claims the right to run the collective queue (see the file
- * comment); 0 when another thread runs it or destroy has begun. */
-int tcc__host_claim_runner(tcc_engine_t *e);
-/* Runs queued collectives in order until the queue is empty or `until`
- * finished; the caller holds the runner claim. */
-void tcc__host_run_queue(tcc_comm_t *comm, tcc_op_t *until);
+ * comment); 0 when another thread runs it or destroy has begun. With the
+ * claim, *first is the queue's first op, taken off it (NULL when the queue
+ * is empty or `until` has finished). */
+int tcc__host_claim_runner(tcc_engine_t *e, tcc_op_t *until, tcc_op_t **first);
+/* Runs `first` (or NULL), then queued collectives in order until the queue
+ * is empty or `until` finished; the caller holds the runner claim. */
+void tcc__host_run_queue(tcc_comm_t *comm, tcc_op_t *until, tcc_op_t *first);
 void tcc__host_release_runner(tcc_engine_t *e);
 
 /* ---- p2p_match.c ---- */

@@ -148,8 +148,9 @@ static tcc_result_t host_wait(tcc_op_t *op, int64_t timeout_ms) {
     }
   }
   if (op->kind == TCC_OP_COLL && e) {
-    if (timeout_ms < 0 && tcc__host_claim_runner(e)) {
-      tcc__host_run_queue(comm, op);
+    tcc_op_t *first;
+    if (timeout_ms < 0 && tcc__host_claim_runner(e, op, &first)) {
+      tcc__host_run_queue(comm, op, first);
       tcc__host_release_runner(e);
     } else if (timeout_ms >= 0) {
       op->exec->start(op);
