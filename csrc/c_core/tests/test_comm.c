@@ -537,6 +537,41 @@ static void test_p2p_two_waiters(tcc_comm_t *comm) {
   CHECK(b.secs < 5, "the second waiter's sends took %.2f s", b.secs);
 }
 
+/* Per-pair counts where rank 0 sends and receives 2 everywhere (its
+ * counts are even: a short descriptor) and the others do not. */
+static size_t a2a_mixed_count(int from, int to) { return from == 0 || to == 0 ? 2 : 1 + (size_t)((from + to) & 1); }
+
+/* Small all-to-alls, whose streams may travel in the descriptor's line:
+ * even counts from 1 to 7 int32 per pair (at 2 ranks streams of 4 to 28
+ * bytes, across the line's room), and mixed even and listed counts. */
+static void test_alltoall_small(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  for (int round = 0; round <= 7; round++) {
+    const bool mixed = round == 0;
+    int32_t sendbuf[8][8], recvbuf[8][8];
+    tcc_buf_t sends[8], recvs[8];
+    for (int k = 0; k < n; k++) {
+      const size_t sc = mixed ? a2a_mixed_count(me, k) : (size_t)round;
+      const size_t rc = mixed ? a2a_mixed_count(k, me) : (size_t)round;
+      for (size_t i = 0; i < 8; i++) {
+        sendbuf[k][i] = me * 1000 + k * 100 + round * 10 + (int32_t)i;
+        recvbuf[k][i] = -1;
+      }
+      sends[k] = host_buf(sendbuf[k], sc, TCC_INT32);
+      recvs[k] = host_buf(recvbuf[k], rc, TCC_INT32);
+    }
+    tcc_op_t *op;
+    CHECK(RUN(tcc_alltoall(comm, sends, recvs, NULL, &op)) == TCC_OK, "small alltoall round %d", round);
+    size_t bad = 0;
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < 8; i++) {
+        const int32_t want = i < recvs[j].count ? j * 1000 + me * 100 + round * 10 + (int32_t)i : -1;
+        bad += recvbuf[j][i] != want;
+      }
+    CHECK(bad == 0, "small alltoall %s count %d: %zu wrong", mixed ? "mixed" : "even", round, bad);
+  }
+}
+
 static void all_tests(tcc_comm_t *comm) {
   test_unwaited_p2p(comm); /* first: the p2p thread sleeps until a submit wakes it */
   test_unwaited_collective(comm);
@@ -544,6 +579,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_reduce_and_bcast(comm);
   test_gathers(comm);
   test_alltoall(comm);
+  test_alltoall_small(comm);
   test_barrier_waits(comm);
   test_p2p(comm);
   test_p2p_two_waiters(comm);

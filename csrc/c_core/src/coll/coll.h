@@ -48,23 +48,40 @@ typedef struct tcc_coll {
 
 /* What every rank publishes before a collective so all ranks can check
  * that they agree. Followed, for ALLTOALL only, by size send counts and
- * size recv counts (uint64 each). */
+ * size recv counts (uint64 each), unless flags has TCC_DESC_EVEN_COUNTS:
+ * then every count is `count` and no list follows (a rank's descriptor
+ * and a small stream then share one cache line; see coll_staged.c). */
 typedef struct tcc_coll_desc {
   uint64_t seq;
-  uint32_t kind;
+  uint16_t kind;
+  uint16_t flags;
   uint32_t dtype;
   uint32_t redop;
   int32_t root;
   uint64_t count;
 } tcc_coll_desc_t;
 
-/* Bytes a descriptor takes on a communicator of `size` ranks. */
+/* flags: an all-to-all whose every send and receive count is `count`. */
+#define TCC_DESC_EVEN_COUNTS 1u
+
+/* Bytes a descriptor takes on a communicator of `size` ranks, at most
+ * (the listed form of an all-to-all's). */
 size_t tcc__coll_desc_bytes(tcc_coll_kind_t kind, int size);
 /* Bytes of a spans transport's descriptor slot: the largest descriptor
  * and the block of single-copy movement (coll_direct.c). */
 size_t tcc__coll_spans_desc_bytes(int size);
 /* Writes this rank's descriptor (tcc__coll_desc_bytes bytes) into out. */
 void tcc__coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out);
+/* The same, but an all-to-all whose counts are all equal in the short form
+ * (TCC_DESC_EVEN_COUNTS), which writes only the head. For readers that
+ * take every descriptor's length from the room it has (shared memory). */
+void tcc__coll_desc_fill_short(const tcc_coll_t *c, uint64_t seq, int size, void *out);
+/* Whether anything follows the descriptor's head (an all-to-all's lists). */
+bool tcc__coll_desc_has_tail(const void *desc);
+/* What an all-to-all's descriptor (of a group of `size`) says its rank
+ * sends to rank `to`, and expects from rank `from`, in either form. */
+uint64_t tcc__coll_desc_sends(const void *desc, int to);
+uint64_t tcc__coll_desc_expects(const void *desc, int size, int from);
 /* Checks the descriptors of all ranks (descs[r] points at rank r's) and
  * returns TCC_OK or TCC_ERR_MISMATCH with a message naming the first
  * disagreement. Deterministic: every rank reaches the same verdict. */

@@ -35,11 +35,20 @@ size_t tcc__coll_desc_bytes(tcc_coll_kind_t kind, int size) {
   return bytes;
 }
 
-void tcc__coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out) {
+/* An all-to-all whose counts are all one number: every send and receive
+ * count is the first. */
+static bool even_counts(const tcc_coll_t *c, int size) {
+  const size_t first = c->send_counts[0];
+  for (int j = 0; j < size; j++)
+    if (c->send_counts[j] != first || c->recv_counts[j] != first) return false;
+  return true;
+}
+
+static void write_desc(const tcc_coll_t *c, uint64_t seq, int size, void *out, bool may_shorten) {
   tcc_coll_desc_t d;
   memset(&d, 0, sizeof d);
   d.seq = seq;
-  d.kind = (uint32_t)c->kind;
+  d.kind = (uint16_t)c->kind;
   d.dtype = (uint32_t)c->dtype;
   /* Only reductions carry a meaningful reduce op. */
   int reduces = c->kind == TCC_COLL_ALLREDUCE || c->kind == TCC_COLL_REDUCE ||
@@ -49,8 +58,13 @@ void tcc__coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out)
                c->kind == TCC_COLL_GATHER || c->kind == TCC_COLL_SCATTER;
   d.root = rooted ? c->root : -1;
   d.count = c->kind == TCC_COLL_ALLTOALL || c->kind == TCC_COLL_BARRIER ? 0 : c->count;
+  const bool alltoall = c->kind == TCC_COLL_ALLTOALL;
+  if (alltoall && may_shorten && even_counts(c, size)) {
+    d.flags = TCC_DESC_EVEN_COUNTS;
+    d.count = c->send_counts[0];
+  }
   memcpy(out, &d, sizeof d);
-  if (c->kind == TCC_COLL_ALLTOALL) {
+  if (alltoall && !(d.flags & TCC_DESC_EVEN_COUNTS)) {
     uint64_t *counts = (uint64_t *)((char *)out + sizeof d);
     for (int j = 0; j < size; j++) {
       counts[j] = c->send_counts[j];
@@ -59,13 +73,36 @@ void tcc__coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out)
   }
 }
 
+void tcc__coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out) {
+  write_desc(c, seq, size, out, false);
+}
+
+void tcc__coll_desc_fill_short(const tcc_coll_t *c, uint64_t seq, int size, void *out) {
+  write_desc(c, seq, size, out, true);
+}
+
 static const tcc_coll_desc_t *desc_at(const void *const *descs, int r) {
   return (const tcc_coll_desc_t *)descs[r];
 }
 
-static const uint64_t *alltoall_counts(const void *const *descs, int r) {
-  return (const uint64_t *)((const char *)descs[r] + sizeof(tcc_coll_desc_t));
+bool tcc__coll_desc_has_tail(const void *desc) {
+  const tcc_coll_desc_t *d = desc;
+  return d->kind == TCC_COLL_ALLTOALL && !(d->flags & TCC_DESC_EVEN_COUNTS);
 }
+
+/* Entry i of an all-to-all descriptor's lists (sends to i, then expects
+ * from i - size), in either form. */
+static uint64_t listed_count(const void *desc, int i) {
+  const tcc_coll_desc_t *d = desc;
+  if (d->flags & TCC_DESC_EVEN_COUNTS) return d->count;
+  uint64_t v;
+  memcpy(&v, (const char *)desc + sizeof *d + (size_t)i * sizeof v, sizeof v);
+  return v;
+}
+
+uint64_t tcc__coll_desc_sends(const void *desc, int to) { return listed_count(desc, to); }
+
+uint64_t tcc__coll_desc_expects(const void *desc, int size, int from) { return listed_count(desc, size + from); }
 
 tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
                                  const void *const *descs, tcc_err_t *err) {
@@ -92,7 +129,9 @@ tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
                          op, comm->name, tcc__self_label(comm), tcc_dtype_name((tcc_dtype_t)ref->dtype), r,
                          tcc_dtype_name((tcc_dtype_t)d->dtype));
     }
-    if (d->count != ref->count) {
+    /* An all-to-all's counts are per pair (below); its count field is its
+     * short form's, which ranks need not share. */
+    if (d->count != ref->count && ref->kind != TCC_COLL_ALLTOALL) {
       return tcc__err_set(err, TCC_ERR_MISMATCH,
                          "tccomm %s on '%s' (rank %d): size mismatch: rank 0 has %llu elements, "
                          "rank %d has %llu",
@@ -115,10 +154,9 @@ tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
   if (c->kind == TCC_COLL_ALLTOALL) {
     /* What j sends to k must be what k expects from j. */
     for (int j = 0; j < n; j++) {
-      const uint64_t *cj = alltoall_counts(descs, j);
       for (int k = 0; k < n; k++) {
-        uint64_t sent = cj[k];
-        uint64_t expected = alltoall_counts(descs, k)[n + j];
+        uint64_t sent = tcc__coll_desc_sends(descs[j], k);
+        uint64_t expected = tcc__coll_desc_expects(descs[k], n, j);
         if (sent != expected) {
           return tcc__err_set(err, TCC_ERR_MISMATCH,
                              "tccomm %s on '%s' (rank %d): split size mismatch: rank %d sends %llu "

@@ -73,10 +73,6 @@ static tcc_result_t first_stage_sync(tcc_comm_t *comm, staged_t *st, const tcc_c
   return tcc__coll_desc_check(comm, c, st->sc->descs, err);
 }
 
-static const uint64_t *peer_send_counts(staged_t *st, int j) {
-  return (const uint64_t *)((const char *)st->sc->descs[j] + sizeof(tcc_coll_desc_t));
-}
-
 /* ---- data movement ---------------------------------------------------- */
 
 /* This rank's stream: what the others read from it. */
@@ -136,14 +132,15 @@ static size_t plan_read(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, siz
       }
       return j == root ? (size_t)(n - 1) * bytes : 0;
     case TCC_COLL_ALLTOALL: {
-      const uint64_t *sent = peer_send_counts(st, j);
+      const void *desc = st->sc->descs[j];
       size_t total = 0, off = 0;
       for (int k = 0; k < n; k++) {
         if (k == j) continue;
-        if (k < me) off += sent[k] * es;
-        total += sent[k] * es;
+        const size_t len = tcc__coll_desc_sends(desc, k) * es;
+        if (k < me) off += len;
+        total += len;
       }
-      if (j != me) *rd = (coll_read_t){off, sent[me] * es, mine ? c->recvs[j] : NULL, 0};
+      if (j != me) *rd = (coll_read_t){off, tcc__coll_desc_sends(desc, me) * es, mine ? c->recvs[j] : NULL, 0};
       return total;
     }
     default:
@@ -166,14 +163,17 @@ static size_t stream_bound(tcc_comm_t *comm, const tcc_coll_t *c, size_t es) {
 
 /* Where rank r stages the first window of its stream of `len` bytes: a
  * stream that fits right after the descriptor goes there, and reaches the
- * peers with it (see one_shot_in). Not an all-to-all's, whose counts take
- * that place, nor where the single-copy block would overlap it (one rank:
- * nobody reads anyway). Every rank decides alike from the checked lengths. */
-static char *stream_span(staged_t *st, const tcc_coll_t *c, int r, int parity, size_t len) {
+ * peers with it (see one_shot_in). Not where an all-to-all's count lists
+ * are (its descriptor's short form leaves the place free), nor where the
+ * single-copy block would overlap it (one rank: nobody reads anyway).
+ * Every rank decides alike, from rank r's descriptor and the checked
+ * lengths. */
+static char *stream_span(staged_t *st, int r, int parity, size_t len) {
   const size_t inline_from = sizeof(tcc_coll_desc_t);
-  if (c->kind != TCC_COLL_ALLTOALL && len <= st->sp->desc_inline_bytes &&
+  char *desc = desc_of(st, r, parity);
+  if (len <= st->sp->desc_inline_bytes && !tcc__coll_desc_has_tail(desc) &&
       inline_from + st->sp->desc_inline_bytes <= tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, st->comm->size))
-    return desc_of(st, r, parity) + inline_from;
+    return desc + inline_from;
   return in_of(st, r, parity);
 }
 
@@ -204,9 +204,9 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
 
   int parity = next_parity(st);
   char *desc = desc_of(st, me, parity);
-  tcc__coll_desc_fill(c, seq, n, desc);
+  tcc__coll_desc_fill_short(c, seq, n, desc);
   if (tcc__direct_publish(comm, c, desc, st->sc->pieces, np, my_len, stream_bound(comm, c, es)))
-    copy_stream(stream_span(st, c, me, parity, my_len), st->sc->pieces, np, 0, min_sz(my_len, W));
+    copy_stream(stream_span(st, me, parity, my_len), st->sc->pieces, np, 0, min_sz(my_len, W));
   tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
   if (r != TCC_OK) return r;
 
@@ -238,7 +238,7 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
       size_t b = min_sz(rd->off + rd->len, hi);
       if (rd->len == 0 || a >= b) continue;
       /* Only the first stage's staging may have gone after the descriptor. */
-      const char *from = lo == 0 && plan == TCC__DIRECT_NONE ? stream_span(st, c, j, parity, rd->stream)
+      const char *from = lo == 0 && plan == TCC__DIRECT_NONE ? stream_span(st, j, parity, rd->stream)
                                                              : in_of(st, j, parity);
       tcc__copy(rd->dst + (a - rd->off), from + (a - lo), b - a);
     }

@@ -158,8 +158,8 @@ tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, 
   x->in_next_ctx = NULL;
   if (r == TCC_OK) r = tcc__coll_desc_check(x->comm, c, descs, err);
   if (r == TCC_OK && send_matrix && c->kind == TCC_COLL_ALLTOALL)
-    for (int j = 0; j < n; j++) /* each rank's send counts follow its descriptor's head */
-      memcpy(send_matrix + (size_t)j * (size_t)n, (const uint8_t *)descs[j] + head, (size_t)n * sizeof(uint64_t));
+    for (int j = 0; j < n; j++) /* the counts the check read, in whichever form a peer sent */
+      for (int k = 0; k < n; k++) send_matrix[(size_t)j * (size_t)n + (size_t)k] = tcc__coll_desc_sends(descs[j], k);
   free(in.drop);
   free(mem);
   return r;

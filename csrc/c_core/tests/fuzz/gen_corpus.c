@@ -140,7 +140,30 @@ static void coll_seed(const char *name, int n, tcc_coll_kind_t kind, uint64_t ba
   save("coll_desc", name, &o);
 }
 
+/* An all-to-all where rank 0's counts are all 2 (the short form, as
+ * shared memory publishes it) and the others' are listed. */
+static void coll_seed_short(const char *name) {
+  enum { N = 3 };
+  size_t sends[N][N], recvs[N][N];
+  for (int j = 0; j < N; j++)
+    for (int k = 0; k < N; k++) sends[j][k] = j == 0 || k == 0 ? 2 : 1 + (size_t)((j + k) & 1);
+  for (int j = 0; j < N; j++)
+    for (int k = 0; k < N; k++) recvs[k][j] = sends[j][k];
+  out_t o = {.len = 0};
+  put8(&o, N - 1);
+  put8(&o, 1);
+  put8(&o, (uint8_t)(TCC_COLL_ALLTOALL - TCC_COLL_BROADCAST));
+  for (int r = 0; r < N; r++) {
+    tcc_coll_t c = {.kind = TCC_COLL_ALLTOALL, .dtype = TCC_FLOAT32, .send_counts = sends[r], .recv_counts = recvs[r]};
+    uint8_t d[256] = {0};
+    tcc__coll_desc_fill_short(&c, 5, N, d);
+    put(&o, d, tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, N));
+  }
+  save("coll_desc", name, &o);
+}
+
 static void gen_coll_desc(void) {
+  coll_seed_short("alltoall-short-and-listed");
   coll_seed("allreduce", 3, TCC_COLL_ALLREDUCE, 5, 0);
   coll_seed("broadcast", 3, TCC_COLL_BROADCAST, 5, 0);
   coll_seed("alltoall", 3, TCC_COLL_ALLTOALL, 5, 0);
