@@ -1,6 +1,8 @@
 // work.cpp - see work.hpp.
 #include "work.hpp"
 
+#include "core_error.hpp"
+
 #include "param_comms.hpp"
 
 #include "cuda_support.hpp"
@@ -71,7 +73,12 @@ PendingOp::~PendingOp() {
 void PendingOp::start(const c10::intrusive_ptr<PendingOp>& self, tcc_op_t* handle) {
   self->handle_ = handle;
   // The callback owns one reference, given back in onComplete.
-  tcc_op_on_complete(handle, &PendingOp::onComplete, c10::intrusive_ptr<PendingOp>(self).release());
+  PendingOp* owned = c10::intrusive_ptr<PendingOp>(self).release();
+  const tcc_result_t r = tcc_op_on_complete(handle, &PendingOp::onComplete, owned);
+  if (r != TCC_OK) {
+    c10::intrusive_ptr<PendingOp>::reclaim(owned); // the callback will not run
+    throwCoreError(r, CallKind::Op, std::string("tccomm ") + self->op_);
+  }
 }
 
 void PendingOp::onComplete(tcc_op_t* /*handle*/, void* arg) {

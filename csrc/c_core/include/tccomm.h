@@ -236,9 +236,10 @@ void tcc_op_start(tcc_op_t *op);
 /* Calls fn(op, arg) exactly once when the op finishes, on the engine thread,
  * or at once on the calling thread if it already has. The callback must
  * not block on other ops of the same communicator: hand anything that may
- * (user continuations) to tcc_run_detached. */
+ * (user continuations) to tcc_run_detached. An op takes one callback:
+ * TCC_OK, or TCC_ERR_INVALID (fn will not run) when it has one already. */
 typedef void (*tcc_op_callback_t)(tcc_op_t *op, void *arg);
-void tcc_op_on_complete(tcc_op_t *op, tcc_op_callback_t fn, void *arg);
+tcc_result_t tcc_op_on_complete(tcc_op_t *op, tcc_op_callback_t fn, void *arg);
 void tcc_op_retain(tcc_op_t *op);
 void tcc_op_release(tcc_op_t *op);
 

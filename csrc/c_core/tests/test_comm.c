@@ -572,6 +572,76 @@ static void test_alltoall_small(tcc_comm_t *comm) {
   }
 }
 
+/* What a completion callback saw. */
+typedef struct seen_by_callback {
+  atomic_int runs;
+  atomic_int finished_then; /* the op read as finished, with its result, inside the callback */
+} seen_by_callback_t;
+
+static void count_run(tcc_op_t *op, void *arg) {
+  seen_by_callback_t *s = arg;
+  if (tcc_op_test(op) && tcc_op_result(op) == TCC_OK) atomic_fetch_add(&s->finished_then, 1);
+  atomic_fetch_add(&s->runs, 1);
+}
+
+/* The runs of a callback of a finished op: a waiter may return while the
+ * engine's thread, which finished the op, is still to run it. */
+static int runs_once_settled(seen_by_callback_t *s) {
+  for (int i = 0; i < 10000 && atomic_load(&s->runs) == 0; i++) usleep(1000);
+  usleep(1000); /* a second run would come now */
+  return atomic_load(&s->runs);
+}
+
+/* Completion callbacks: one per op, run exactly once whether the op
+ * finishes before, during or after the registration; a second one while
+ * the op runs is refused and never runs. */
+static void test_callbacks(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  float x = 1;
+  tcc_op_t *op;
+  /* Registered while the op cannot finish: the other ranks join late. */
+  if (me != 0) usleep(50 * 1000);
+  seen_by_callback_t first = {0, 0}, second = {0, 0};
+  CHECK(tcc_allreduce(comm, host_buf(&x, 1, TCC_FLOAT32), host_buf(&x, 1, TCC_FLOAT32), TCC_SUM, NULL, &op) == TCC_OK,
+        "issue");
+  CHECK(tcc_op_on_complete(op, count_run, &first) == TCC_OK, "first callback: %s", tcc_last_error());
+  if (n > 1 && me == 0) {
+    CHECK(tcc_op_on_complete(op, count_run, &second) == TCC_ERR_INVALID, "a second callback was accepted");
+    CHECK(strstr(tcc_last_error(), "allreduce") && strstr(tcc_last_error(), "callback already"),
+          "second callback refused with: %s", tcc_last_error());
+  }
+  CHECK(tcc_op_wait(op, -1) == TCC_OK && x == (float)n, "allreduce: %s, %g", tcc_op_error(op), (double)x);
+  CHECK(runs_once_settled(&first) == 1 && atomic_load(&first.finished_then) == 1, "first callback ran %d times, %d finished",
+        atomic_load(&first.runs), atomic_load(&first.finished_then));
+  CHECK(atomic_load(&second.runs) == 0, "the refused callback ran");
+  /* On a finished op: at once, on this thread. */
+  CHECK(tcc_op_on_complete(op, count_run, &second) == TCC_OK && atomic_load(&second.runs) == 1,
+        "callback on a finished op ran %d times", atomic_load(&second.runs));
+  tcc_op_release(op);
+
+  /* Registrations racing the op's end: the engine's thread runs it. */
+  enum { RACES = 300 };
+  seen_by_callback_t *raced = calloc(RACES, sizeof *raced);
+  tcc_op_t **ops = calloc(RACES, sizeof *ops);
+  CHECK(raced && ops, "out of memory");
+  if (!raced || !ops) return;
+  for (int i = 0; i < RACES; i++) {
+    CHECK(tcc_barrier(comm, NULL, &ops[i]) == TCC_OK, "race %d: issue", i);
+    tcc_op_start(ops[i]);
+    if (i % 2) usleep((useconds_t)(i % 7)); /* registers before, during or after the end */
+    CHECK(tcc_op_on_complete(ops[i], count_run, &raced[i]) == TCC_OK, "race %d: %s", i, tcc_last_error());
+  }
+  for (int i = 0; i < RACES; i++) {
+    CHECK(tcc_op_wait(ops[i], -1) == TCC_OK, "race %d: %s", i, tcc_op_error(ops[i]));
+    CHECK(runs_once_settled(&raced[i]) == 1 && atomic_load(&raced[i].finished_then) == 1,
+          "race %d: the callback ran %d times, %d finished", i, atomic_load(&raced[i].runs),
+          atomic_load(&raced[i].finished_then));
+    tcc_op_release(ops[i]);
+  }
+  free(raced);
+  free(ops);
+}
+
 static void all_tests(tcc_comm_t *comm) {
   test_unwaited_p2p(comm); /* first: the p2p thread sleeps until a submit wakes it */
   test_unwaited_collective(comm);
@@ -586,6 +656,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_any_source(comm);
   test_mismatch(comm);
   test_op_started(comm);
+  test_callbacks(comm);
   /* Again while the engine is busy (it polls rather than being woken). */
   test_unwaited_collective(comm);
   test_unwaited_p2p(comm);

@@ -49,6 +49,22 @@ static void test_deadline(void) {
   CHECK(neg >= now && neg <= tcc__now_ns(), "negative: %lld", (long long)(neg - now));
 }
 
+/* An op's deadline: from the coarse clock, never early, late by at most
+ * two of its ticks (10 ms each at the coarsest). */
+static void test_coarse_deadline(void) {
+  for (int i = 0; i < 1000; i++) {
+    const int64_t before = tcc__now_ns();
+    const int64_t d = tcc__coarse_deadline_after_ms(250);
+    const int64_t after = tcc__now_ns();
+    CHECK(d >= before + 250 * 1000000LL, "coarse 250 ms is early by %lld ns", (long long)(before + 250 * 1000000LL - d));
+    CHECK(d <= after + 270 * 1000000LL, "coarse 250 ms is late by %lld ns", (long long)(d - after - 250 * 1000000LL));
+  }
+  CHECK(tcc__coarse_deadline_after_ms(INT64_MAX) == INT64_MAX, "coarse INT64_MAX ms");
+  const int64_t now = tcc__now_ns();
+  const int64_t zero = tcc__coarse_deadline_after_ms(0);
+  CHECK(zero >= now && zero <= tcc__now_ns(), "coarse 0 ms: %lld", (long long)(zero - now));
+}
+
 static atomic_uint futex_word;
 
 static void *wake_later(void *arg) {
@@ -117,6 +133,7 @@ int main(void) {
   test_err_set();
   test_clock();
   test_deadline();
+  test_coarse_deadline();
   test_futex();
   test_random();
   test_host_identity();

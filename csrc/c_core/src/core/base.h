@@ -26,6 +26,13 @@ typedef struct tcc_err {
   char msg[TCC_ERRLEN];
 } tcc_err_t;
 
+/* Makes *err empty (no code, no message) without clearing the whole
+ * message buffer: an initializer would zero half a KiB, on every op's path. */
+static inline void tcc__err_reset(tcc_err_t *err) {
+  err->code = TCC_OK;
+  err->msg[0] = 0;
+}
+
 /* Records a failing call's message as this thread's last error
  * (tcc_last_error) and returns code. */
 tcc_result_t tcc__fail(tcc_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -55,6 +62,11 @@ int64_t tcc__coarse_now_ns(void);
  * "practically never" instead of wrapping into the past. A negative timeout
  * counts as 0 (the deadline is now). */
 int64_t tcc__deadline_after_ms(int64_t timeout_ms);
+/* The same deadline from the coarse clock, at a quarter of the cost:
+ * never earlier than tcc__deadline_after_ms would give, and later by at
+ * most two ticks of that clock (a few ms). For an op's deadline, set on
+ * every op. */
+int64_t tcc__coarse_deadline_after_ms(int64_t timeout_ms);
 
 /* A condition variable whose timed waits take tcc__now_ns() deadlines. */
 void tcc__cond_init_monotonic(pthread_cond_t *cv);

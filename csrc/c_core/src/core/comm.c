@@ -196,7 +196,6 @@ void tcc__comm_release(tcc_comm_t *comm) {
   tcc__device_executor.release(comm);
   tcc__host_executor.release(comm);
   tcc__coll_release(comm);
-  free(atomic_load(&comm->spare_op));
   pthread_mutex_destroy(&comm->fail_lock);
   pthread_mutex_destroy(&comm->group_lock);
   free(comm);

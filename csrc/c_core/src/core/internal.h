@@ -92,10 +92,11 @@ struct tcc_op {
   atomic_uint finished_futex; /* waiters sleep here */
   atomic_int finished_sleepers; /* ... this many now: finishing wakes only when some do */
   tcc_result_t result;
-  char error[TCC_ERRLEN];
-  pthread_mutex_t cb_lock;
+  /* The completion callback (op.c): cb_state says who runs it. */
+  atomic_int cb_state;
   tcc_op_callback_t cb;
   void *cb_arg;
+  char error[TCC_ERRLEN]; /* last: a new op clears only its first byte (op.c) */
 };
 
 /* Appends op to a singly linked list (op->next) of ops. */
@@ -123,8 +124,6 @@ struct tcc_comm {
   void *device_state;        /* the device executor's state (core/executor.h) */
   void *coll_scratch;        /* the collective algorithms' (coll/) */
   atomic_ullong coll_issued;   /* collectives issued (sequence numbers) */
-  /* One released op's memory, kept for the next op (core/op.c). */
-  _Atomic(struct tcc_op *) spare_op;
   atomic_int aborted;          /* set by abort or a fatal failure */
   tcc_result_t fail_code;      /* why aborted */
   pthread_mutex_t fail_lock;
@@ -184,12 +183,12 @@ const tcc_device_allocator_t *tcc__device_allocator(void);
  * tcc_op_started() reports it to other threads. Called by the executor
  * that runs it, once. */
 static inline void tcc__op_begin(tcc_op_t *op) {
-  op->deadline_ns = tcc__deadline_after_ms(op->timeout_ms);
+  op->deadline_ns = tcc__coarse_deadline_after_ms(op->timeout_ms);
   atomic_store_explicit(&op->started, 1, memory_order_release);
 }
 
-/* Zeroed memory for a new op of comm (NULL: out of memory). */
-tcc_op_t *tcc__op_memory(tcc_comm_t *comm);
+/* Zeroed memory for a new op (NULL: out of memory). */
+tcc_op_t *tcc__op_memory(void);
 /* Finishes an op: records result/message, runs the callback, wakes waiters. */
 void tcc__op_finish(tcc_op_t *op, tcc_result_t result, const char *msg);
 /* "allreduce", "send", ... */

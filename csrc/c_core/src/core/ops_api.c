@@ -87,9 +87,9 @@ static int64_t op_timeout(tcc_comm_t *comm, const tcc_op_opts_t *opts) {
 }
 
 static tcc_op_t *op_alloc(tcc_comm_t *comm, tcc_op_kind_t kind, const tcc_op_opts_t *opts) {
-  tcc_op_t *op = tcc__op_memory(comm);
+  tcc_op_t *op = tcc__op_memory();
   if (!op) return NULL;
-  atomic_store(&op->refs, 1);
+  atomic_store_explicit(&op->refs, 1, memory_order_relaxed); /* no other thread has it yet */
   atomic_fetch_add(&comm->refs, 1); /* released with the op */
   op->comm = comm;
   op->kind = kind;
@@ -97,7 +97,6 @@ static tcc_op_t *op_alloc(tcc_comm_t *comm, tcc_op_kind_t kind, const tcc_op_opt
   op->result = TCC_ERR_INPROGRESS;
   op->device = -1;
   op->exec = &tcc__host_executor; /* until submit_op picks; releasing an unsubmitted op needs one */
-  pthread_mutex_init(&op->cb_lock, NULL);
   return op;
 }
 
@@ -165,7 +164,8 @@ static void trace_issued(tcc_comm_t *comm, const tcc_op_t *op) {
 static tcc_result_t submit_op(tcc_comm_t *comm, tcc_op_t *op, tcc_buf_t where, tcc_op_t **out) {
   op->device = where.device;
   op->exec = where.device >= 0 ? &tcc__device_executor : &tcc__host_executor;
-  tcc_err_t err = {TCC_OK, {0}};
+  tcc_err_t err;
+  tcc__err_reset(&err);
   tcc_result_t r = op->exec->submit(comm, op, where.stream, &err);
   if (r != TCC_OK) {
     tcc_op_release(op);

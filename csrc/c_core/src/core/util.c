@@ -185,12 +185,36 @@ int64_t tcc__coarse_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-int64_t tcc__deadline_after_ms(int64_t timeout_ms) {
-  const int64_t now = tcc__now_ns();
-  if (timeout_ms <= 0) return now;
+/* now + timeout_ms, saturated at INT64_MAX. */
+static int64_t after_ms(int64_t now, int64_t timeout_ms) {
   /* Compared before multiplying: neither the product nor the sum may overflow. */
   if (timeout_ms > (INT64_MAX - now) / 1000000) return INT64_MAX;
   return now + timeout_ms * 1000000;
+}
+
+int64_t tcc__deadline_after_ms(int64_t timeout_ms) {
+  const int64_t now = tcc__now_ns();
+  return timeout_ms <= 0 ? now : after_ms(now, timeout_ms);
+}
+
+/* The coarse clock's tick: how far it may lag behind the fine one. */
+static int64_t coarse_tick_ns(void) {
+  static atomic_llong tick; /* 0: not read yet; every thread reads the same */
+  int64_t t = atomic_load_explicit(&tick, memory_order_relaxed);
+  if (t == 0) {
+    struct timespec res;
+    t = clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 ? (int64_t)res.tv_sec * 1000000000 + res.tv_nsec : 0;
+    if (t <= 0) t = 10 * 1000000; /* no answer: a 100 Hz tick, the coarsest Linux has */
+    atomic_store_explicit(&tick, t, memory_order_relaxed);
+  }
+  return t;
+}
+
+int64_t tcc__coarse_deadline_after_ms(int64_t timeout_ms) {
+  if (timeout_ms <= 0) return tcc__now_ns();
+  /* The coarse clock moves at each tick: it lags by up to one, a little
+   * more when a tick comes late; two cover both. */
+  return after_ms(tcc__coarse_now_ns() + 2 * coarse_tick_ns(), timeout_ms);
 }
 
 void tcc__cond_init_monotonic(pthread_cond_t *cv) {

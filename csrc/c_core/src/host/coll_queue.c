@@ -23,7 +23,8 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
     tcc__op_finish(op, code, msg);
     return;
   }
-  tcc_err_t err = {TCC_OK, {0}};
+  tcc_err_t err;
+  tcc__err_reset(&err);
   tcc__op_begin(op);
   tcc_coll_t *c = &op->coll; /* for the mutation sites */
   if (TCC_MUTANT(BROADCAST_WRONG_ROOT) && c->kind == TCC_COLL_BROADCAST) c->root = (c->root + 1) % comm->size; /* MUTATION SITE */

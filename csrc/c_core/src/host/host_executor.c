@@ -62,7 +62,9 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   }
   if (op->kind == TCC_OP_COLL) {
     /* Numbered under the lock so numbers follow queue order. */
-    op->seq = atomic_fetch_add(&comm->coll_issued, 1) + 1;
+    /* Written only here, under the lock: no atomic increment needed. */
+    op->seq = atomic_load_explicit(&comm->coll_issued, memory_order_relaxed) + 1;
+    atomic_store_explicit(&comm->coll_issued, op->seq, memory_order_relaxed);
     tcc__queue_push(&e->coll_head, &e->coll_tail, op);
     e->last_submit_ns = tcc__coarse_now_ns();
     if (e->coll_deep_sleep) pthread_cond_signal(&e->coll_cv); /* see host.h */

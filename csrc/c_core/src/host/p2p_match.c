@@ -383,7 +383,8 @@ static ssize_t p2p_round_of(tcc_comm_t *comm, bool *want_write, int only_peer) {
     want_write[p] = false;
     /* no self channel (peers are validated); nothing more from a broken one */
     if (p == comm->rank || ps->broken != TCC_OK) continue;
-    tcc_err_t err = {TCC_OK, {0}};
+    tcc_err_t err;
+    tcc__err_reset(&err);
     ssize_t n = progress_send(comm, p, ps, &err);
     if (n > 0) moved += n;
     if (n >= 0) {
