@@ -4,10 +4,13 @@
  * tcc_op_release, no torch. The floor under every layer above it
  * (bench/bench_layers.py prints it next to them).
  *
- * Usage: bench_latency [ranks] [shm|tcp] [allreduce|p2p]   (default: 2 shm allreduce)
+ * Usage: bench_latency [ranks] [shm|tcp] [allreduce|allgather|alltoall|p2p]
+ *        (default: 2 shm allreduce)
  * Prints one line per batch on rank 0, then
- *   "core 8 B allreduce, <n> ranks, <transport>: median <us> us per call"
- * Every result is checked (the sum of the ranks' values).
+ *   "core 8 B <op>, <n> ranks, <transport>: median <us> us per call"
+ * allgather and alltoall move 8 bytes (2 float32) per pair of ranks. Every
+ * result is checked (the sum of the ranks' values; every block received
+ * from the rank and for the rank it should come from).
  *
  * p2p (2 ranks): round trips of 8 bytes, rank 0 sends and receives the
  * reply, rank 1 receives and sends it back plus one; each reply checked.
@@ -25,14 +28,47 @@
 #define WARMUP 2000
 #define BATCHES 5
 #define CALLS 20000
+#define TCC_MAX_BENCH_RANKS 8
 
-static int allreduce_once(tcc_comm_t *comm, float *x) {
-  const tcc_buf_t b = {x, 2, TCC_FLOAT32, -1, NULL};
+typedef enum { OP_ALLREDUCE, OP_ALLGATHER, OP_ALLTOALL } coll_op_t;
+static const char *const coll_names[] = {"allreduce", "allgather", "alltoall"};
+
+/* One op's buffers: 2 float32 per rank (all-reduce: its input and output). */
+typedef struct blocks {
+  float in[TCC_MAX_BENCH_RANKS][2], out[TCC_MAX_BENCH_RANKS][2];
+  tcc_buf_t sends[TCC_MAX_BENCH_RANKS], recvs[TCC_MAX_BENCH_RANKS];
+} blocks_t;
+
+/* The value rank `from` sends rank `to` in call i (all-reduce and
+ * all-gather: the same to every rank). */
+static float value_of(coll_op_t what, int from, int to, int i) {
+  return (float)((what == OP_ALLTOALL ? from * 16 + to : from + 1) + i % 64);
+}
+
+static int coll_once(tcc_comm_t *comm, coll_op_t what, blocks_t *b, int i) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  for (int j = 0; j < n; j++) {
+    b->in[j][0] = b->in[j][1] = value_of(what, me, j, i);
+    b->out[j][0] = b->out[j][1] = -1;
+    b->sends[j] = (tcc_buf_t){b->in[j], 2, TCC_FLOAT32, -1, NULL};
+    b->recvs[j] = (tcc_buf_t){b->out[j], 2, TCC_FLOAT32, -1, NULL};
+  }
   tcc_op_t *op;
-  if (tcc_allreduce(comm, b, b, TCC_SUM, NULL, &op) != TCC_OK) return 0;
+  const tcc_result_t issued = what == OP_ALLREDUCE   ? tcc_allreduce(comm, b->sends[0], b->sends[0], TCC_SUM, NULL, &op)
+                              : what == OP_ALLGATHER ? tcc_allgather(comm, b->sends[0], b->recvs, NULL, &op)
+                                                     : tcc_alltoall(comm, b->sends, b->recvs, NULL, &op);
+  if (issued != TCC_OK) return 0;
   const tcc_result_t r = tcc_op_wait(op, -1);
   tcc_op_release(op);
-  return r == TCC_OK;
+  if (r != TCC_OK) return 0;
+  if (what == OP_ALLREDUCE) {
+    float want = 0;
+    for (int j = 0; j < n; j++) want += value_of(what, j, me, i);
+    return b->in[0][0] == want && b->in[0][1] == want;
+  }
+  for (int j = 0; j < n; j++)
+    if (b->out[j][0] != value_of(what, j, me, i) || b->out[j][1] != value_of(what, j, me, i)) return 0;
+  return 1;
 }
 
 static int p2p_once(tcc_comm_t *comm, float *x, int send) {
@@ -77,30 +113,29 @@ static void bench_p2p(tcc_comm_t *comm) {
   fflush(stdout);
 }
 
+static coll_op_t bench_op; /* set before the ranks fork */
+
 static void bench(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
-  const float want = (float)(n * (n + 1) / 2);
+  const coll_op_t what = bench_op;
+  const char *name = coll_names[what];
+  static blocks_t b;
   double per_call[BATCHES];
-  for (int i = 0; i < WARMUP; i++) {
-    float x[2] = {(float)(me + 1), (float)(me + 1)};
-    CHECK(allreduce_once(comm, x) && x[0] == want && x[1] == want, "warm-up allreduce gave %f", x[0]);
-  }
-  for (int b = 0; b < BATCHES; b++) {
-    float token[2] = {0, 0}; /* lines the ranks up before each batch */
-    CHECK(allreduce_once(comm, token), "barrier");
+  for (int i = 0; i < WARMUP; i++) CHECK(coll_once(comm, what, &b, i), "warm-up %s %d gave a wrong result", name, i);
+  for (int k = 0; k < BATCHES; k++) {
+    CHECK(coll_once(comm, what, &b, 0), "%s lining the ranks up", name); /* before each batch */
     const int64_t start = tcc__now_ns();
     for (int i = 0; i < CALLS; i++) {
-      float x[2] = {(float)(me + 1), (float)(me + 1)};
-      if (!allreduce_once(comm, x) || x[0] != want) {
-        CHECK(0, "allreduce %d of batch %d gave %f, want %f", i, b, x[0], want);
+      if (!coll_once(comm, what, &b, i)) {
+        CHECK(0, "%s %d of batch %d failed or gave a wrong result", name, i, k);
         return;
       }
     }
-    per_call[b] = (double)(tcc__now_ns() - start) / CALLS / 1000.0;
-    if (me == 0) printf("batch %d: %.2f us per call\n", b, per_call[b]);
+    per_call[k] = (double)(tcc__now_ns() - start) / CALLS / 1000.0;
+    if (me == 0) printf("batch %d: %.2f us per call\n", k, per_call[k]);
   }
   if (me == 0)
-    printf("core 8 B allreduce, %d ranks, %s: median %.2f us per call\n", n, tcc_comm_transport_name(comm),
+    printf("core 8 B %s, %d ranks, %s: median %.2f us per call\n", name, n, tcc_comm_transport_name(comm),
            median(per_call, BATCHES));
   fflush(stdout);
 }
@@ -110,11 +145,15 @@ int main(int argc, char **argv) {
   const char *transport = argc > 2 ? argv[2] : "shm";
   const char *what = argc > 3 ? argv[3] : "allreduce";
   const int p2p = strcmp(what, "p2p") == 0, hybrid = strcmp(transport, "hybrid") == 0;
-  if (n < 1 || n > 8 || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0 && !hybrid) ||
-      (!p2p && strcmp(what, "allreduce") != 0) || (p2p && n != (hybrid ? 4 : 2)) || (hybrid && !p2p)) {
-    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|p2p (2 ranks)]\n"
+  int coll = -1;
+  for (int k = 0; k < 3; k++)
+    if (strcmp(what, coll_names[k]) == 0) coll = k;
+  if (n < 1 || n > TCC_MAX_BENCH_RANKS || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0 && !hybrid) ||
+      (!p2p && coll < 0) || (p2p && n != (hybrid ? 4 : 2)) || (hybrid && !p2p)) {
+    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|allgather|alltoall|p2p (2 ranks)]\n"
                     "       bench_latency 4 hybrid p2p\n");
     return 2;
   }
+  bench_op = coll < 0 ? OP_ALLREDUCE : (coll_op_t)coll;
   return run_group(n, hybrid ? "auto-pairs" : transport, 60000, "bench-latency", p2p ? bench_p2p : bench);
 }

@@ -16,9 +16,12 @@
 #include "core/internal.h" /* tcc_blob_t, to fake other hosts */
 #include "tccomm.h"
 
+/* The widest group a test forks. */
+#define GROUP_MAX_RANKS 12
+
 typedef struct rendezvous {
   atomic_int published;
-  uint8_t blobs[8 * TCC_ENDPOINT_BLOB_SIZE];
+  uint8_t blobs[GROUP_MAX_RANKS * TCC_ENDPOINT_BLOB_SIZE];
 } rendezvous_t;
 
 typedef void (*rank_fn)(tcc_comm_t *comm);
@@ -77,7 +80,11 @@ static int __attribute__((unused)) run_group(int n, const char *spec, int64_t ti
   const char *expected = transport == TCC_TRANSPORT_TCP || fake_shm ? "tcp"
                          : fake_hosts && transport == TCC_TRANSPORT_AUTO ? group_auto_transport(spec, n)
                                                                          : "shm";
-  pid_t pids[8];
+  if (n < 1 || n > GROUP_MAX_RANKS) {
+    fprintf(stderr, "run_group: %d ranks, at most %d\n", n, GROUP_MAX_RANKS);
+    return 1;
+  }
+  pid_t pids[GROUP_MAX_RANKS];
   for (int r = 0; r < n; r++) {
     pids[r] = fork();
     if (pids[r] != 0) continue;

@@ -116,7 +116,7 @@ static void test_gathers(tcc_comm_t *comm) {
   for (size_t ci = 0; ci < 3; ci++) {
     size_t count = counts[ci];
     int32_t *in = malloc(count * 4 + 4), *all = malloc(count * 4 * (size_t)n + 4);
-    tcc_buf_t bufs[8];
+    tcc_buf_t bufs[GROUP_MAX_RANKS];
     for (size_t i = 0; i < count; i++) in[i] = (int32_t)(me * 1000003 + (int)i);
     for (int j = 0; j < n; j++) bufs[j] = host_buf(all + (size_t)j * count, count, TCC_INT32);
     tcc_op_t *op;
@@ -163,7 +163,7 @@ static size_t a2a_count(int from, int to, int salt) { return (size_t)((from + 2 
 static void test_alltoall(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   for (int salt = 0; salt < 2; salt++) {
-    tcc_buf_t sends[8], recvs[8];
+    tcc_buf_t sends[GROUP_MAX_RANKS], recvs[GROUP_MAX_RANKS];
     for (int k = 0; k < n; k++) {
       size_t sc = a2a_count(me, k, salt), rc = a2a_count(k, me, salt);
       int16_t *s = malloc(sc * 2 + 2), *r = malloc(rc * 2 + 2);
@@ -188,7 +188,7 @@ static void test_alltoall(tcc_comm_t *comm) {
    * transport must not overwrite bytes it still has to send. */
   const size_t block = 150001;
   int32_t *buf = malloc(block * 4 * (size_t)n);
-  tcc_buf_t same[8];
+  tcc_buf_t same[GROUP_MAX_RANKS];
   for (int k = 0; k < n; k++) {
     for (size_t i = 0; i < block; i++) buf[(size_t)k * block + i] = me * 1000000 + k * 1000 + (int32_t)(i % 997);
     same[k] = host_buf(buf + (size_t)k * block, block, TCC_INT32);
@@ -548,8 +548,8 @@ static void test_alltoall_small(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   for (int round = 0; round <= 7; round++) {
     const bool mixed = round == 0;
-    int32_t sendbuf[8][8], recvbuf[8][8];
-    tcc_buf_t sends[8], recvs[8];
+    int32_t sendbuf[GROUP_MAX_RANKS][8], recvbuf[GROUP_MAX_RANKS][8];
+    tcc_buf_t sends[GROUP_MAX_RANKS], recvs[GROUP_MAX_RANKS];
     for (int k = 0; k < n; k++) {
       const size_t sc = mixed ? a2a_mixed_count(me, k) : (size_t)round;
       const size_t rc = mixed ? a2a_mixed_count(k, me) : (size_t)round;
@@ -663,6 +663,14 @@ static void all_tests(tcc_comm_t *comm) {
   test_peer_leaves_early(comm); /* last: ranks 2.. leave here */
 }
 
+/* Ops with per-rank lists in a group wider than an op holds in itself
+ * (TCC_OP_INLINE_RANKS, 8): the lists go to memory of their own. */
+static void list_tests(tcc_comm_t *comm) {
+  test_gathers(comm);
+  test_alltoall(comm);
+  test_alltoall_small(comm);
+}
+
 /* Rank 1 never joins the allreduce: rank 0 must time out naming it. */
 static void timeout_test(tcc_comm_t *comm) {
   if (tcc_comm_rank(comm) == 1) {
@@ -701,6 +709,9 @@ int main(int argc, char **argv) {
     }
     int bad = run_group(2, transports[t], 500, "timeout-group", timeout_test);
     printf("%s %s timeout\n", bad ? "FAIL" : "ok  ", transports[t]);
+    bad ? failed++ : passed++;
+    bad = run_group(9, transports[t], 60000, "wide-group", list_tests);
+    printf("%s %s n=9 lists\n", bad ? "FAIL" : "ok  ", transports[t]);
     bad ? failed++ : passed++;
   }
   if (argc <= 1) {

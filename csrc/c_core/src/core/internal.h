@@ -66,6 +66,9 @@ typedef enum tcc_op_kind { TCC_OP_COLL = 1, TCC_OP_SEND, TCC_OP_RECV } tcc_op_ki
 
 typedef struct tcc__executor tcc__executor_t; /* core/executor.h */
 
+/* The largest group whose per-rank lists an op holds in itself. */
+#define TCC_OP_INLINE_RANKS 8
+
 struct tcc_op {
   atomic_int refs;
   tcc_comm_t *comm;
@@ -74,7 +77,7 @@ struct tcc_op {
   int device;                  /* of its buffers: -1 host memory, else a device of the device executor */
   tcc_op_kind_t kind;
   tcc_coll_t coll;     /* TCC_OP_COLL; arrays below are owned copies */
-  void *owned_arrays;  /* one allocation backing coll.sends/recvs/counts */
+  void *owned_arrays;  /* one allocation backing coll.sends/recvs/counts, or NULL (in_arrays) */
   /* P2P */
   int peer;            /* TCC_ANY_SOURCE: a receive from any rank */
   int source;          /* the rank a receive matched (set before it finishes) */
@@ -96,7 +99,10 @@ struct tcc_op {
   atomic_int cb_state;
   tcc_op_callback_t cb;
   void *cb_arg;
-  char error[TCC_ERRLEN]; /* last: a new op clears only its first byte (op.c) */
+  char error[TCC_ERRLEN]; /* a new op clears only its first byte (op.c) */
+  /* Where coll.sends/recvs/counts live in groups of up to TCC_OP_INLINE_RANKS
+   * (ops_api.c): no allocation per op. Never cleared: filled when used. */
+  uint64_t in_arrays[4 * TCC_OP_INLINE_RANKS];
 };
 
 /* Appends op to a singly linked list (op->next) of ops. */

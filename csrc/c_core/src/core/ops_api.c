@@ -101,12 +101,20 @@ static tcc_op_t *op_alloc(tcc_comm_t *comm, tcc_op_kind_t kind, const tcc_op_opt
 }
 
 /* Copies the per-peer arrays the caller passed so they may be freed as
- * soon as the call returns. */
+ * soon as the call returns: into the op itself in small groups, else into
+ * one allocation. */
 static int own_arrays(tcc_op_t *op, int n, const tcc_buf_t *sends, const tcc_buf_t *recvs) {
+  _Static_assert(sizeof(void *) <= sizeof(uint64_t) && sizeof(size_t) <= sizeof(uint64_t), "in_arrays holds the lists");
   size_t bytes = 2 * (size_t)n * (sizeof(void *) + sizeof(size_t));
-  char *mem = calloc(1, bytes);
-  if (!mem) return -1;
-  op->owned_arrays = mem;
+  char *mem;
+  if (n <= TCC_OP_INLINE_RANKS) {
+    mem = (char *)op->in_arrays;
+    memset(mem, 0, bytes);
+  } else {
+    mem = calloc(1, bytes);
+    if (!mem) return -1;
+    op->owned_arrays = mem;
+  }
   op->coll.sends = (void **)mem;
   op->coll.recvs = (void **)(mem + (size_t)n * sizeof(void *));
   op->coll.send_counts = (size_t *)(mem + 2 * (size_t)n * sizeof(void *));
