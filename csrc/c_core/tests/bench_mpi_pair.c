@@ -6,11 +6,13 @@
  *
  * Usage (optional: needs Open MPI's mpicc and mpirun; make build/bench_mpi_pair):
  *   mpirun --allow-run-as-root --oversubscribe -np N --bind-to none --mca btl self,vader \
- *          build/bench_mpi_pair alltoall|allgather|allreduce MIN_BYTES MAX_BYTES [pairs] [shm|tcp]
+ *          build/bench_mpi_pair alltoall|allgather|allreduce|pingpong MIN_BYTES MAX_BYTES [pairs] [shm|tcp]
  * Sizes go up by 4x; a size is the whole output (bench_sizes' convention),
  * float32, page-aligned buffers; allreduce sums in place. Rank 0 prints per
  * size the medians of both and the median (and quartiles) of the pairs'
- * ratios, openmpi / tccomm: above 1, the core is faster. The ranks swap
+ * ratios, openmpi / tccomm: above 1, the core is faster. pingpong (2 ranks):
+ * round trips of one message of the size, rank 0 sending first, with
+ * MPI_Send / MPI_Recv and with tcc_send / tcc_recv + tcc_op_wait. The ranks swap
  * endpoint blobs with MPI_Allgather; the core's transport is shared memory,
  * or TCP with `tcp` (then compare with Open MPI's TCP: --mca btl self,tcp).
  */
@@ -29,10 +31,43 @@ static void die(const char *what) {
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-typedef enum { OP_ALLTOALL, OP_ALLGATHER, OP_ALLREDUCE } pair_op_t;
+typedef enum { OP_ALLTOALL, OP_ALLGATHER, OP_ALLREDUCE, OP_PINGPONG } pair_op_t;
+
+static void p2p_core(tcc_comm_t *comm, int send, float *buf, size_t count) {
+  const tcc_buf_t b = {buf, count, TCC_FLOAT32, -1, NULL};
+  const int peer = 1 - tcc_comm_rank(comm);
+  tcc_op_t *op;
+  if ((send ? tcc_send(comm, b, peer, 3, NULL, &op) : tcc_recv(comm, b, peer, 3, NULL, &op)) != TCC_OK) die("issue");
+  const tcc_result_t r = tcc_op_wait(op, -1);
+  tcc_op_release(op);
+  if (r != TCC_OK) die("wait");
+}
+
+/* One round trip: rank 0 sends `in` and receives into `out`, rank 1 the other way round. */
+static void pingpong_core(tcc_comm_t *comm, float *in, float *out, size_t count) {
+  const int first = tcc_comm_rank(comm) == 0;
+  p2p_core(comm, first, first ? in : out, count);
+  p2p_core(comm, !first, out, count);
+}
+
+static void pingpong_mpi(float *in, float *out, int count) {
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    MPI_Send(in, count, MPI_FLOAT, 1, 3, MPI_COMM_WORLD);
+    MPI_Recv(out, count, MPI_FLOAT, 1, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  } else {
+    MPI_Recv(out, count, MPI_FLOAT, 0, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Send(out, count, MPI_FLOAT, 0, 3, MPI_COMM_WORLD);
+  }
+}
 
 static void run_core(tcc_comm_t *comm, pair_op_t what, float *in, float *out, size_t per) {
   const int n = tcc_comm_size(comm);
+  if (what == OP_PINGPONG) {
+    pingpong_core(comm, in, out, per * (size_t)n);
+    return;
+  }
   const int alltoall = what == OP_ALLTOALL;
   tcc_buf_t sends[MAX_RANKS], recvs[MAX_RANKS];
   for (int j = 0; j < n; j++) {
@@ -51,7 +86,9 @@ static void run_core(tcc_comm_t *comm, pair_op_t what, float *in, float *out, si
 }
 
 static void run_mpi(pair_op_t what, float *in, float *out, size_t per, int n) {
-  if (what == OP_ALLREDUCE)
+  if (what == OP_PINGPONG)
+    pingpong_mpi(in, out, (int)per * n);
+  else if (what == OP_ALLREDUCE)
     MPI_Allreduce(MPI_IN_PLACE, in, (int)per * n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   else if (what == OP_ALLTOALL)
     MPI_Alltoall(in, (int)per, MPI_FLOAT, out, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
@@ -99,15 +136,15 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int pairs = argc > 4 ? atoi(argv[4]) : 21;
-  const char *ops[] = {"alltoall", "allgather", "allreduce"};
+  const char *ops[] = {"alltoall", "allgather", "allreduce", "pingpong"};
   int what = -1;
-  for (int i = 0; argc > 1 && i < 3; i++)
+  for (int i = 0; argc > 1 && i < 4; i++)
     if (strcmp(argv[1], ops[i]) == 0) what = i;
   const char *transport = argc > 5 ? argv[5] : "shm";
-  if (argc < 4 || what < 0 || size > MAX_RANKS || pairs < 1 || pairs > MAX_PAIRS ||
+  if (argc < 4 || what < 0 || size > MAX_RANKS || pairs < 1 || pairs > MAX_PAIRS || (what == OP_PINGPONG && size != 2) ||
       (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0)) {
     if (rank == 0)
-      fprintf(stderr, "usage: bench_mpi_pair alltoall|allgather|allreduce MIN_BYTES MAX_BYTES [pairs 1..99] [shm|tcp]\n");
+      fprintf(stderr, "usage: bench_mpi_pair alltoall|allgather|allreduce|pingpong (2 ranks) MIN_BYTES MAX_BYTES [pairs 1..99] [shm|tcp]\n");
     MPI_Finalize();
     return 2;
   }

@@ -394,7 +394,9 @@ static ssize_t p2p_round_of(tcc_comm_t *comm, bool *want_write, int only_peer) {
     if (err.code != TCC_OK) break_peer(comm, ps, &err);
     else want_write[p] = ps->send_head != NULL;
   }
-  expire_p2p_ops(comm, tcc__now_ns(), 0, TCC_ERR_TIMEOUT, "check that the peer posts the matching operation");
+  /* The coarse clock: this runs on every round of a polling waiter, and
+   * a deadline met a tick late still fails the op (deadlines are coarse). */
+  expire_p2p_ops(comm, tcc__coarse_now_ns(), 0, TCC_ERR_TIMEOUT, "check that the peer posts the matching operation");
   return moved;
 }
 
@@ -608,7 +610,7 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
       continue;
     }
     if (atomic_load(&op->finished)) break;
-    const int64_t left = deadline_ns - tcc__now_ns();
+    const int64_t left = deadline_ns - tcc__coarse_now_ns(); /* every idle round: the cheap clock */
     if (left <= 0) break;
     /* Waiting for its own message, as a collective waits for its peers
      * (core/idle_wait.c): spin, yield, then sleep. */

@@ -92,9 +92,11 @@ tcc_result_t tcc__shm_peer_check(tcc_comm_t *comm, shm_state_t *st, int peer, bo
                         what, comm->name, tcc__self_label(comm), tcc__rank_label(comm, peer),
                         (int)sizeof pc->fail_reason, pc->fail_reason);
   if (TCC_MUTANT(DEAD_PEER_UNREPORTED)) return TCC_OK; /* MUTATION SITE */
-  int64_t t = tcc__now_ns();
-  /* The collective runner and the p2p thread both check: relaxed atomics,
-   * a check more or less does not matter. */
+  /* The coarse clock: a polling reader checks on every empty look, and a
+   * tick more or less does not matter against CHECK_EVERY_NS. The
+   * collective runner and the p2p thread both check: relaxed atomics, a
+   * check more or less does not matter either. */
+  int64_t t = tcc__coarse_now_ns();
   if (!now && t - atomic_load_explicit(&st->peer_checked_ns[peer], memory_order_relaxed) < CHECK_EVERY_NS)
     return TCC_OK;
   atomic_store_explicit(&st->peer_checked_ns[peer], t, memory_order_relaxed);

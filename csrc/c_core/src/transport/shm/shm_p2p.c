@@ -17,10 +17,14 @@ static void ring_doorbell(shm_state_t *st, int rank) {
   }
 }
 
-/* Where this rank runs, for a peer that waits for its bytes next. */
+/* Where this rank runs, for a peer that waits for its bytes next; written
+ * only when it changed: a waiting peer reads this line while it spins,
+ * and every write would take it away from it. */
 static void publish_cpu(tcc_comm_t *comm, shm_state_t *st) {
-  if (comm->cpu_share.spin_while_away)
-    atomic_store_explicit(&shm_ctrl(st, comm->rank)->cpu, tcc__cpu_now(), memory_order_relaxed);
+  if (!comm->cpu_share.spin_while_away) return;
+  atomic_int *cpu = &shm_ctrl(st, comm->rank)->cpu;
+  const int here = tcc__cpu_now();
+  if (atomic_load_explicit(cpu, memory_order_relaxed) != here) atomic_store_explicit(cpu, here, memory_order_relaxed);
 }
 
 int tcc__shm_peer_cpu(tcc_comm_t *comm, int peer) {
