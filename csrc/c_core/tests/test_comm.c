@@ -259,6 +259,48 @@ static void test_p2p(tcc_comm_t *comm) {
   free(b);
 }
 
+/* Many small messages (1 to 1024 bytes, each written with its header at
+ * once) issued before any is received: more bytes than a shared-memory
+ * ring holds (1 MiB), so writes stop part-way through a message and go on
+ * later. Every message arrives whole, in order, with its own tag. */
+static void test_p2p_many_small(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (n < 2) return;
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  enum { MESSAGES = 2500, MAX_BYTES = 1024 };
+  unsigned char *out = malloc((size_t)MESSAGES * MAX_BYTES), *in = malloc((size_t)MESSAGES * MAX_BYTES);
+  tcc_op_t **sends = calloc(MESSAGES, sizeof *sends), **recvs = calloc(MESSAGES, sizeof *recvs);
+  CHECK(out && in && sends && recvs, "out of memory");
+  if (!out || !in || !sends || !recvs) return;
+  for (int i = 0; i < MESSAGES; i++) {
+    const size_t len = 1 + (size_t)(i * 37) % MAX_BYTES;
+    unsigned char *m = out + (size_t)i * MAX_BYTES;
+    for (size_t k = 0; k < len; k++) m[k] = (unsigned char)(me * 31 + i * 7 + (int)k);
+    CHECK(tcc_send(comm, host_buf(m, len, TCC_UINT8), next, (uint64_t)i, NULL, &sends[i]) == TCC_OK, "send %d", i);
+  }
+  memset(in, 0, (size_t)MESSAGES * MAX_BYTES);
+  for (int i = 0; i < MESSAGES; i++) {
+    const size_t len = 1 + (size_t)(i * 37) % MAX_BYTES;
+    CHECK(tcc_recv(comm, host_buf(in + (size_t)i * MAX_BYTES, len, TCC_UINT8), prev, (uint64_t)i, NULL, &recvs[i]) == TCC_OK,
+          "recv %d", i);
+  }
+  size_t bad = 0;
+  for (int i = 0; i < MESSAGES; i++) {
+    CHECK(tcc_op_wait(recvs[i], -1) == TCC_OK, "recv %d: %s", i, tcc_op_error(recvs[i]));
+    CHECK(tcc_op_wait(sends[i], -1) == TCC_OK, "send %d: %s", i, tcc_op_error(sends[i]));
+    tcc_op_release(recvs[i]);
+    tcc_op_release(sends[i]);
+    const size_t len = 1 + (size_t)(i * 37) % MAX_BYTES;
+    const unsigned char *m = in + (size_t)i * MAX_BYTES;
+    for (size_t k = 0; k < len; k++) bad += m[k] != (unsigned char)(prev * 31 + i * 7 + (int)k);
+  }
+  CHECK(bad == 0, "many small p2p messages: %zu bytes wrong", bad);
+  free(out);
+  free(in);
+  free(sends);
+  free(recvs);
+}
+
 /* Each flaw in one entry of a per-rank output list fails locally, naming
  * the entry, and nothing is issued. */
 static void test_bad_output_lists(tcc_comm_t *comm) {
@@ -652,6 +694,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_alltoall_small(comm);
   test_barrier_waits(comm);
   test_p2p(comm);
+  test_p2p_many_small(comm);
   test_p2p_two_waiters(comm);
   test_any_source(comm);
   test_mismatch(comm);

@@ -137,6 +137,11 @@ static int match_unexpected_any(tcc_comm_t *comm, tcc_op_t *op) {
 }
 
 /* Moves bytes of the head send of one peer. Returns bytes moved or -1. */
+/* A message up to this size goes out with its header in one write: one
+ * update of the stream's head (one line crossing to the reader) instead
+ * of two, for a copy of its payload on the stack. */
+#define P2P_ONE_WRITE_BYTES 1024
+
 static ssize_t progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
   tcc_engine_t *e = comm->engine;
   ssize_t moved = 0;
@@ -145,7 +150,13 @@ static ssize_t progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
     size_t total = sizeof(tcc_p2p_frame_t) + op->bytes;
     while (op->done_bytes < total) {
       ssize_t n;
-      if (op->done_bytes < sizeof(tcc_p2p_frame_t)) {
+      if (op->done_bytes == 0 && op->bytes <= P2P_ONE_WRITE_BYTES) {
+        _Alignas(tcc_p2p_frame_t) char frame[sizeof(tcc_p2p_frame_t) + P2P_ONE_WRITE_BYTES];
+        tcc__p2p_frame_make((tcc_p2p_frame_t *)frame, op->tag, op->bytes);
+        if (op->bytes) memcpy(frame + sizeof(tcc_p2p_frame_t), op->buf, op->bytes);
+        /* What does not fit now goes on below, from done_bytes, as usual. */
+        n = comm->ops->p2p_write(comm, peer, frame, total, err);
+      } else if (op->done_bytes < sizeof(tcc_p2p_frame_t)) {
         tcc_p2p_frame_t h;
         tcc__p2p_frame_make(&h, op->tag, op->bytes);
         n = comm->ops->p2p_write(comm, peer, (char *)&h + op->done_bytes,

@@ -83,6 +83,11 @@ typedef struct shm_state {
    * when the process dies, however it dies. */
   int lock_fd;
   atomic_llong *peer_checked_ns; /* [size] last liveness check of each peer */
+  /* [size] how far each peer had read this rank's ring to it when this
+   * rank last looked (shm_p2p.c): its room is known without reading the
+   * peer's line while that says there is enough. Rounds are serialized
+   * (the engine's p2p_progress lock). */
+  uint64_t *tail_seen;
 } shm_state_t;
 
 /* Bytes between consecutive rings: the ring and its capacity, page aligned. */

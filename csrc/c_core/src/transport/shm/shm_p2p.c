@@ -38,8 +38,15 @@ ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t l
   shm_ring_t *ring = shm_ring_of(st, comm->rank, peer);
   const size_t cap = st->hdr->ring_bytes;
   uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
-  uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_acquire);
-  size_t space = cap - (size_t)(head - tail);
+  /* The reader's tail line is read only when the room last seen is too
+   * small: reading it on every write took the line from the reader each
+   * message, a cache miss on the sender's path. A stale tail only
+   * understates the room (the tail never goes back). */
+  size_t space = cap - (size_t)(head - st->tail_seen[peer]);
+  if (space < len) {
+    st->tail_seen[peer] = atomic_load_explicit(&ring->tail, memory_order_acquire);
+    space = cap - (size_t)(head - st->tail_seen[peer]);
+  }
   size_t n = len < space ? len : space;
   if (n == 0) return 0;
   size_t at = (size_t)(head % cap);

@@ -178,11 +178,20 @@ static tcc_result_t open_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, i
 static const tcc_transport_ops_t shm_ops;
 static void shm_destroy(tcc_comm_t *comm);
 
+static void free_state(shm_state_t *st) {
+  free(st->tail_seen);
+  free(st);
+}
+
 tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err) {
   /* What killed processes left behind goes first (shm_reap.c). */
   tcc__shm_reap_once();
   shm_state_t *st = calloc(1, sizeof *st);
-  if (!st) return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  if (st) st->tail_seen = calloc((size_t)comm->size, sizeof *st->tail_seen);
+  if (!st || !st->tail_seen) {
+    if (st) free_state(st);
+    return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
+  }
   tcc_segment_id_t id;
   char who[160];
   tcc__segment_id("", blobs[0].token, &id);
@@ -195,7 +204,7 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   tcc_result_t r = comm->rank == 0 ? create_segment(comm, &id, who, st, &fd, err)
                                    : open_segment(comm, &id, deadline, who, st, &fd, err);
   if (r != TCC_OK) {
-    free(st);
+    free_state(st);
     return r;
   }
   /* The descriptor becomes the liveness lock's; stop closes it, and must
@@ -205,7 +214,7 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
     if (comm->rank == 0) shm_unlink(id.name);
     tcc__shm_liveness_stop(comm, st);
     munmap(st->base, st->bytes);
-    free(st);
+    free_state(st);
     return err->code;
   }
   tcc__shm_cma_publish(comm, st);
@@ -216,7 +225,7 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   if (r != TCC_OK) {
     tcc__shm_liveness_stop(comm, st);
     munmap(st->base, st->bytes);
-    free(st);
+    free_state(st);
     if (r != TCC_ERR_TIMEOUT) return r;
     return tcc__err_set(err, TCC_ERR_TIMEOUT,
                        "%s: timed out after %lld ms: only %d of %d ranks attached to the shared-memory segment",
@@ -236,7 +245,7 @@ static void shm_destroy(tcc_comm_t *comm) {
   if (!st) return;
   tcc__shm_liveness_stop(comm, st);
   munmap(st->base, st->bytes);
-  free(st);
+  free_state(st);
   comm->transport_state = NULL;
 }
 
