@@ -76,6 +76,10 @@ typedef struct peer_state {
   size_t in_remaining;
   size_t in_discard;       /* bytes still to drop (size mismatch) */
   tcc_op_t *in_op;         /* receive being filled, or NULL */
+  /* Bytes read from the stream ahead of the frame being parsed (p2p_match.c:
+   * a small message's header and payload come in one read). */
+  char ahead[256];
+  size_t ahead_off, ahead_len;
   unexpected_msg_t *in_unexp; /* buffer being filled, or NULL */
   tcc_result_t broken;        /* TCC_OK while the stream to this peer works */
   char broken_msg[TCC_ERRLEN];

@@ -177,14 +177,35 @@ static ssize_t progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
   return moved;
 }
 
+/* Reads up to len bytes of peer's stream into dst: the transport's read,
+ * except that a short read (a header, a small payload) takes whatever the
+ * stream holds up to the size of ps->ahead and keeps the rest for the
+ * next reads. A small message then costs one read of the stream, not two
+ * (one system call over TCP, one update of the ring's tail over shared
+ * memory). Same results as p2p_read: bytes, 0 (nothing now), -1. */
+static ssize_t stream_read(tcc_comm_t *comm, int peer, peer_state_t *ps, void *dst, size_t len, tcc_err_t *err) {
+  if (ps->ahead_off == ps->ahead_len) {
+    if (len >= sizeof ps->ahead) return comm->ops->p2p_read(comm, peer, dst, len, err);
+    const ssize_t n = comm->ops->p2p_read(comm, peer, ps->ahead, sizeof ps->ahead, err);
+    if (n <= 0) return n;
+    ps->ahead_off = 0;
+    ps->ahead_len = (size_t)n;
+  }
+  const size_t have = ps->ahead_len - ps->ahead_off;
+  const size_t n = len < have ? len : have;
+  memcpy(dst, ps->ahead + ps->ahead_off, n);
+  ps->ahead_off += n;
+  return (ssize_t)n;
+}
+
 /* Reads whatever one peer has sent. Returns bytes moved or -1. */
 static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
   tcc_engine_t *e = comm->engine;
   ssize_t moved = 0;
   for (;;) {
     if (!ps->in_payload) {
-      ssize_t n = comm->ops->p2p_read(comm, peer, (char *)&ps->in_hdr + ps->in_hdr_got,
-                                      sizeof ps->in_hdr - ps->in_hdr_got, err);
+      ssize_t n = stream_read(comm, peer, ps, (char *)&ps->in_hdr + ps->in_hdr_got, sizeof ps->in_hdr - ps->in_hdr_got,
+                              err);
       if (n < 0) return -1;
       if (n == 0) return moved;
       moved += n;
@@ -225,12 +246,12 @@ static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
     while (ps->in_remaining > 0 || ps->in_discard > 0) {
       ssize_t n;
       if (ps->in_remaining > 0) {
-        n = comm->ops->p2p_read(comm, peer, ps->in_dst, ps->in_remaining, err);
+        n = stream_read(comm, peer, ps, ps->in_dst, ps->in_remaining, err);
         if (n > 0) { ps->in_dst += n; ps->in_remaining -= (size_t)n; }
       } else {
         char sink[4096];
         size_t want = ps->in_discard < sizeof sink ? ps->in_discard : sizeof sink;
-        n = comm->ops->p2p_read(comm, peer, sink, want, err);
+        n = stream_read(comm, peer, ps, sink, want, err);
         if (n > 0) ps->in_discard -= (size_t)n;
       }
       if (n < 0) return -1;
