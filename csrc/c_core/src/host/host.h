@@ -91,6 +91,10 @@ struct tcc_engine {
   pthread_cond_t p2p_cv;
   tcc_op_t *coll_head, *coll_tail;
   tcc_op_t *p2p_new_head, *p2p_new_tail;
+  /* Set under lock with every op put on p2p_new and when stopping begins:
+   * a round takes the lock to look at either only when it is set, so a
+   * polling waiter's empty rounds take no lock. */
+  atomic_bool p2p_news;
   int stopping;
   int p2p_idle;       /* p2p thread sleeping on p2p_cv */
   int p2p_deep_sleep; /* ... until signalled (no timeout) */
@@ -106,7 +110,6 @@ struct tcc_engine {
    * are touched only by its holder. */
   pthread_mutex_t p2p_progress;
   int p2p_waiter_runs; /* a waiter holds p2p_progress; stop waits until it is out */
-  int p2p_round_runs;  /* ... a submitter's or poller's single round (tcc__host_p2p_round_now) */
   bool *waiter_want_write; /* the waiter's per-peer write interest (under p2p_progress) */
   tcc__spin_gate_t waiter_spin_gate; /* whether a waiter spins where peers' CPUs are unknown (under p2p_progress) */
   int coll_deep_sleep;      /* the collective thread sleeps until signalled */
@@ -119,6 +122,9 @@ struct tcc_engine {
    * earliest-posted receive it matches, specific or any-source. */
   tcc_op_t *any_head, *any_tail;
   uint64_t posted, arrived;
+  /* No p2p op held by the rounds expires before this (under p2p_progress):
+   * a round walks the queues for expired ops only once it passed. */
+  int64_t p2p_next_expiry_ns;
   atomic_int p2p_pending; /* ops owned by the p2p thread (it decrements without the lock) */
 };
 
@@ -148,6 +154,10 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns);
 /* Runs one p2p round on the calling thread if no other thread runs them;
  * returns whether `op` has finished. */
 bool tcc__host_p2p_round_now(tcc_comm_t *comm, tcc_op_t *op);
+/* The round of a submitter that took p2p_progress (and releases it):
+ * `op` first when `adopt` (it was not put on p2p_new), then the ops on
+ * p2p_new. Returns whether `op` has finished. */
+bool tcc__host_p2p_submitter_round(tcc_comm_t *comm, tcc_op_t *op, bool adopt);
 /* Makes the p2p thread take the pending ops (tcc_op_start, large ops). */
 void tcc__host_p2p_kick(tcc_comm_t *comm);
 /* Wakes the p2p thread to look at new ops: signals it when it sleeps on

@@ -50,9 +50,15 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   (void)err;
   tcc_engine_t *e = comm->engine;
   tcc_op_retain(op);
+  /* A p2p op's submitter runs the first round itself when nobody else
+   * runs them (host.h): taking p2p_progress before the engine lock lets it
+   * adopt its op directly, in the same locked section as the check below. */
+  const bool p2p = op->kind != TCC_OP_COLL;
+  const bool runs_round = p2p && pthread_mutex_trylock(&e->p2p_progress) == 0;
   pthread_mutex_lock(&e->lock);
   if (e->stopping) { /* destroy has begun: nothing runs any more */
     pthread_mutex_unlock(&e->lock);
+    if (runs_round) pthread_mutex_unlock(&e->p2p_progress);
     char msg[TCC_ERRLEN];
     snprintf(msg, sizeof msg, "tccomm op on '%s' (rank %d) not run: the communicator is being destroyed",
              comm->name, comm->rank);
@@ -60,7 +66,7 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     tcc_op_release(op);
     return TCC_OK;
   }
-  if (op->kind == TCC_OP_COLL) {
+  if (!p2p) {
     /* Numbered under the lock so numbers follow queue order. */
     /* Written only here, under the lock: no atomic increment needed. */
     op->seq = atomic_load_explicit(&comm->coll_issued, memory_order_relaxed) + 1;
@@ -72,12 +78,18 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     return TCC_OK;
   }
   tcc__op_begin(op);
-  tcc__queue_push(&e->p2p_new_head, &e->p2p_new_tail, op);
+  /* Ops submitted earlier wait on p2p_new: this one goes behind them. */
+  const bool adopt_now = runs_round && !e->p2p_new_head;
+  if (!adopt_now) {
+    tcc__queue_push(&e->p2p_new_head, &e->p2p_new_tail, op);
+    atomic_store_explicit(&e->p2p_news, true, memory_order_release);
+  }
   e->p2p_pending++;
   e->p2p_last_submit_ns = tcc__coarse_now_ns();
   pthread_mutex_unlock(&e->lock);
   /* The caller's round first; the p2p thread only when it must (host.h). */
-  if (tcc__host_p2p_round_now(comm, op)) return TCC_OK;
+  if (runs_round && tcc__host_p2p_submitter_round(comm, op, adopt_now)) return TCC_OK;
+  if (!runs_round && tcc__host_p2p_round_now(comm, op)) return TCC_OK;
   if (op->bytes > P2P_EAGER_BYTES) tcc__host_p2p_kick(comm);
   else tcc__host_p2p_wake(e, comm, false);
   return TCC_OK;
@@ -98,6 +110,7 @@ static void host_stop(tcc_comm_t *comm) {
   if (!e) return;
   pthread_mutex_lock(&e->lock);
   e->stopping = 1;
+  atomic_store_explicit(&e->p2p_news, true, memory_order_release);
   pthread_cond_broadcast(&e->coll_cv);
   pthread_cond_broadcast(&e->p2p_cv);
   pthread_mutex_unlock(&e->lock);
@@ -106,8 +119,12 @@ static void host_stop(tcc_comm_t *comm) {
    * must be out before the transport goes (its op fails fast: the
    * communicator is failed before stop). */
   pthread_mutex_lock(&e->lock);
-  while (e->waiter_runs || e->p2p_waiter_runs || e->p2p_round_runs) pthread_cond_wait(&e->waiter_cv, &e->lock);
+  while (e->waiter_runs || e->p2p_waiter_runs) pthread_cond_wait(&e->waiter_cv, &e->lock);
   pthread_mutex_unlock(&e->lock);
+  /* A submitter's or poller's single round may still use the transport:
+   * it holds p2p_progress, and any round after it sees `stopping`. */
+  pthread_mutex_lock(&e->p2p_progress);
+  pthread_mutex_unlock(&e->p2p_progress);
   if (e->coll_started) pthread_join(e->coll_thread, NULL);
   if (e->p2p_started) pthread_join(e->p2p_thread, NULL);
   e->coll_started = e->p2p_started = 0;

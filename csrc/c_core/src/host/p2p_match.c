@@ -280,6 +280,7 @@ static void adopt_new_p2p_ops(tcc_comm_t *comm, tcc_op_t *list) {
     tcc_op_t *op = list;
     list = op->next;
     op->seq = ++e->posted;
+    if (op->deadline_ns < e->p2p_next_expiry_ns) e->p2p_next_expiry_ns = op->deadline_ns;
     if (op->peer == TCC_ANY_SOURCE) {
       if (!match_unexpected_any(comm, op)) tcc__queue_push(&e->any_head, &e->any_tail, op);
       continue;
@@ -297,13 +298,16 @@ static void adopt_new_p2p_ops(tcc_comm_t *comm, tcc_op_t *list) {
 }
 
 /* Fails the ops of one queue whose deadline passed (or all of them if
- * `all`, with `code` and `cause`). */
-static void expire_queue(tcc_comm_t *comm, tcc_op_t **head, tcc_op_t **tail, int64_t now, int all,
-                         tcc_result_t code, const char *cause) {
+ * `all`, with `code` and `cause`). Returns the earliest deadline of the
+ * ops left (INT64_MAX: none). */
+static int64_t expire_queue(tcc_comm_t *comm, tcc_op_t **head, tcc_op_t **tail, int64_t now, int all,
+                            tcc_result_t code, const char *cause) {
   tcc_op_t **link = head, *prev = NULL;
+  int64_t next = INT64_MAX;
   while (*link) {
     tcc_op_t *op = *link;
     if (!all && now <= op->deadline_ns) {
+      if (op->deadline_ns < next) next = op->deadline_ns;
       prev = op;
       link = &op->next;
       continue;
@@ -322,14 +326,19 @@ static void expire_queue(tcc_comm_t *comm, tcc_op_t **head, tcc_op_t **tail, int
                cause);
     finish_p2p(comm->engine, op, all ? code : TCC_ERR_TIMEOUT, why);
   }
+  return next;
 }
 
-/* Fails one peer's p2p ops whose deadline passed (or all of them if `all`). */
-static void expire_peer_ops(tcc_comm_t *comm, peer_state_t *ps, int64_t now, int all,
-                            tcc_result_t code, const char *cause) {
-  expire_queue(comm, &ps->send_head, &ps->send_tail, now, all, code, cause);
-  expire_queue(comm, &ps->recv_head, &ps->recv_tail, now, all, code, cause);
-  if (ps->in_op && (all || now > ps->in_op->deadline_ns)) {
+static int64_t earlier(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Fails one peer's p2p ops whose deadline passed (or all of them if `all`).
+ * Returns the earliest deadline of its ops left (INT64_MAX: none). */
+static int64_t expire_peer_ops(tcc_comm_t *comm, peer_state_t *ps, int64_t now, int all,
+                               tcc_result_t code, const char *cause) {
+  int64_t next = expire_queue(comm, &ps->send_head, &ps->send_tail, now, all, code, cause);
+  next = earlier(next, expire_queue(comm, &ps->recv_head, &ps->recv_tail, now, all, code, cause));
+  if (ps->in_op && !all && now <= ps->in_op->deadline_ns) return earlier(next, ps->in_op->deadline_ns);
+  if (ps->in_op) {
     tcc_op_t *op = ps->in_op;
     ps->in_op = NULL;
     ps->in_discard = ps->in_remaining;
@@ -338,13 +347,20 @@ static void expire_peer_ops(tcc_comm_t *comm, peer_state_t *ps, int64_t now, int
     finish_p2p(comm->engine, op, all ? code : TCC_ERR_TIMEOUT,
                all ? cause : "timed out while the message was arriving");
   }
+  return next;
 }
 
+/* Fails the p2p ops whose deadline passed (or all of them if `all`). The
+ * queues are walked only once the earliest deadline seen has passed: a
+ * polling waiter runs this every round. */
 static void expire_p2p_ops(tcc_comm_t *comm, int64_t now, int all, tcc_result_t code,
                            const char *cause) {
+  tcc_engine_t *e = comm->engine;
+  if (!all && now <= e->p2p_next_expiry_ns) return;
+  int64_t next = INT64_MAX;
   for (int p = 0; p < comm->size; p++)
-    expire_peer_ops(comm, &comm->engine->peers[p], now, all, code, cause);
-  expire_queue(comm, &comm->engine->any_head, &comm->engine->any_tail, now, all, code, cause);
+    next = earlier(next, expire_peer_ops(comm, &e->peers[p], now, all, code, cause));
+  e->p2p_next_expiry_ns = earlier(next, expire_queue(comm, &e->any_head, &e->any_tail, now, all, code, cause));
 }
 
 /* The stream to one peer failed (typically: it closed its communicator
@@ -389,12 +405,16 @@ void tcc__host_free_unexpected(tcc_engine_t *e, int size) {
  * e->p2p_progress. Returns the bytes moved. */
 static ssize_t p2p_round_of(tcc_comm_t *comm, bool *want_write, int only_peer) {
   tcc_engine_t *e = comm->engine;
-  pthread_mutex_lock(&e->lock);
-  tcc_op_t *fresh = e->p2p_new_head;
-  e->p2p_new_head = e->p2p_new_tail = NULL;
-  const int stopping = e->stopping;
-  pthread_mutex_unlock(&e->lock);
-  adopt_new_p2p_ops(comm, fresh);
+  int stopping = 0;
+  if (atomic_load_explicit(&e->p2p_news, memory_order_acquire)) {
+    pthread_mutex_lock(&e->lock);
+    tcc_op_t *fresh = e->p2p_new_head;
+    e->p2p_new_head = e->p2p_new_tail = NULL;
+    stopping = e->stopping;
+    atomic_store_explicit(&e->p2p_news, stopping, memory_order_relaxed); /* once stopping, every round looks */
+    pthread_mutex_unlock(&e->lock);
+    adopt_new_p2p_ops(comm, fresh);
+  }
 
   if (atomic_load(&comm->aborted) || stopping) {
     char cause[TCC_ERRLEN];
@@ -575,26 +595,39 @@ void *tcc__host_p2p_thread(void *arg) {
   return NULL;
 }
 
+/* The end of a caller's single round: ops it leaves pending are the p2p
+ * thread's P2P_POLL_NS from now (noted while p2p_progress is held: once
+ * released, destroy may go on). Returns whether `op` finished. */
+static bool end_caller_round(tcc_engine_t *e, tcc_op_t *op) {
+  const bool finished = atomic_load(&op->finished);
+  if (!finished || atomic_load_explicit(&e->p2p_pending, memory_order_relaxed) > 0) note_attended(e);
+  pthread_mutex_unlock(&e->p2p_progress);
+  return finished;
+}
+
+/* A caller's single round needs no flag for destroy: it holds
+ * p2p_progress, which destroy takes once `stopping` is set, and a round
+ * that sees `stopping` fails the ops without touching the transport. Its
+ * own peer's stream only: a round over every stream of a large group
+ * costs a system call per peer on TCP. */
 bool tcc__host_p2p_round_now(tcc_comm_t *comm, tcc_op_t *op) {
   tcc_engine_t *e = comm->engine;
-  note_attended(e); /* here, or in whoever holds the lock */
-  if (pthread_mutex_trylock(&e->p2p_progress) != 0) return atomic_load(&op->finished);
-  /* The round uses the transport: destroy waits for it, as for a waiter's. */
-  pthread_mutex_lock(&e->lock);
-  const int go = !e->stopping;
-  e->p2p_round_runs = go;
-  pthread_mutex_unlock(&e->lock);
-  /* Its own peer's stream only: a round over every stream of a large
-   * group costs a system call per peer on TCP. */
-  if (go) p2p_round_of(comm, e->waiter_want_write, op->peer);
-  pthread_mutex_unlock(&e->p2p_progress);
-  if (go) {
-    pthread_mutex_lock(&e->lock);
-    if (e->stopping) pthread_cond_broadcast(&e->waiter_cv);
-    e->p2p_round_runs = 0;
-    pthread_mutex_unlock(&e->lock);
+  if (pthread_mutex_trylock(&e->p2p_progress) != 0) {
+    note_attended(e); /* its holder runs the rounds meanwhile */
+    return atomic_load(&op->finished);
   }
-  return atomic_load(&op->finished);
+  p2p_round_of(comm, e->waiter_want_write, op->peer);
+  return end_caller_round(e, op);
+}
+
+bool tcc__host_p2p_submitter_round(tcc_comm_t *comm, tcc_op_t *op, bool adopt) {
+  tcc_engine_t *e = comm->engine;
+  if (adopt) {
+    op->next = NULL;
+    adopt_new_p2p_ops(comm, op);
+  }
+  p2p_round_of(comm, e->waiter_want_write, op->peer);
+  return end_caller_round(e, op);
 }
 
 void tcc__host_p2p_wake(tcc_engine_t *e, tcc_comm_t *comm, bool always) {
@@ -650,7 +683,7 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
   }
   tcc__cpu_share_after_wait(&comm->cpu_share, shared_cpu || idle.shared_cpu);
   /* Ops left pending are the p2p thread's after P2P_POLL_NS from now. */
-  note_attended(e);
+  if (atomic_load_explicit(&e->p2p_pending, memory_order_relaxed) > 0) note_attended(e);
   pthread_mutex_unlock(&e->p2p_progress);
   pthread_mutex_lock(&e->lock);
   if (e->p2p_waiter_runs && e->stopping) pthread_cond_broadcast(&e->waiter_cv);
