@@ -579,6 +579,62 @@ static void test_p2p_two_waiters(tcc_comm_t *comm) {
   CHECK(b.secs < 5, "the second waiter's sends took %.2f s", b.secs);
 }
 
+/* Threads of ranks 0 and 1 send and receive at once, each in bursts of
+ * ops issued before any is waited for, one tag per thread pair: messages
+ * with one tag must arrive in the order they were sent, whichever thread
+ * runs the rounds meanwhile and whether a submit found its op's
+ * predecessors still waiting to be taken (host.h: the submitter's round). */
+enum { ORDER_THREADS = 3, ORDER_BURST = 8, ORDER_BURSTS = 150 };
+
+typedef struct order_arg {
+  tcc_comm_t *comm;
+  int thread;
+  int wrong; /* messages that came out of order, or ops that failed */
+} order_arg_t;
+
+static void *order_thread(void *p) {
+  order_arg_t *a = p;
+  const int me = tcc_comm_rank(a->comm);
+  const uint64_t tag = 300 + (uint64_t)a->thread;
+  int32_t vals[ORDER_BURST];
+  tcc_op_t *ops[ORDER_BURST];
+  for (int b = 0; b < ORDER_BURSTS; b++) {
+    for (int k = 0; k < ORDER_BURST; k++) {
+      const int32_t seq = b * ORDER_BURST + k;
+      vals[k] = me == 0 ? seq : -1;
+      const tcc_buf_t buf = host_buf(&vals[k], 1, TCC_INT32);
+      const tcc_result_t r = me == 0 ? tcc_send(a->comm, buf, 1, tag, NULL, &ops[k]) : tcc_recv(a->comm, buf, 0, tag, NULL, &ops[k]);
+      if (r != TCC_OK) {
+        a->wrong++;
+        ops[k] = NULL;
+      }
+    }
+    for (int k = 0; k < ORDER_BURST; k++) {
+      if (!ops[k]) continue;
+      if (tcc_op_wait(ops[k], -1) != TCC_OK) a->wrong++;
+      else if (me == 1 && vals[k] != b * ORDER_BURST + k) a->wrong++;
+      tcc_op_release(ops[k]);
+    }
+  }
+  return NULL;
+}
+
+static void test_p2p_threads_order(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  if (n < 2 || me > 1) return;
+  order_arg_t args[ORDER_THREADS];
+  pthread_t th[ORDER_THREADS];
+  for (int t = 0; t < ORDER_THREADS; t++) {
+    args[t] = (order_arg_t){comm, t, 0};
+    CHECK(pthread_create(&th[t], NULL, order_thread, &args[t]) == 0, "thread %d", t);
+  }
+  for (int t = 0; t < ORDER_THREADS; t++) {
+    pthread_join(th[t], NULL);
+    CHECK(args[t].wrong == 0, "p2p from %d threads, thread %d: %d of %d messages failed or out of order",
+          ORDER_THREADS, t, args[t].wrong, ORDER_BURST * ORDER_BURSTS);
+  }
+}
+
 /* Per-pair counts where rank 0 sends and receives 2 everywhere (its
  * counts are even: a short descriptor) and the others do not. */
 static size_t a2a_mixed_count(int from, int to) { return from == 0 || to == 0 ? 2 : 1 + (size_t)((from + to) & 1); }
@@ -696,6 +752,7 @@ static void all_tests(tcc_comm_t *comm) {
   test_p2p(comm);
   test_p2p_many_small(comm);
   test_p2p_two_waiters(comm);
+  test_p2p_threads_order(comm);
   test_any_source(comm);
   test_mismatch(comm);
   test_op_started(comm);
