@@ -43,7 +43,7 @@ static float input_value(int r, size_t i, int salt) { return (float)((int)((i * 
 
 static void test_allreduce(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
-  const size_t counts[] = {0, 1, 7, 1000, 8191, 300001, 1u << 20};
+  const size_t counts[] = {0, 1, 7, 8, 9, 1000, 8191, 300001, 1u << 20}; /* 8 and 9: the last that travels in the descriptor's line, the first that does not */
   for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
     size_t count = counts[ci];
     for (int inplace = 0; inplace < 2; inplace++) {
@@ -640,18 +640,19 @@ static void test_p2p_threads_order(tcc_comm_t *comm) {
 static size_t a2a_mixed_count(int from, int to) { return from == 0 || to == 0 ? 2 : 1 + (size_t)((from + to) & 1); }
 
 /* Small all-to-alls, whose streams may travel in the descriptor's line:
- * even counts from 1 to 7 int32 per pair (at 2 ranks streams of 4 to 28
- * bytes, across the line's room), and mixed even and listed counts. */
+ * even counts from 1 to 9 int32 per pair (at 2 ranks streams of 4 to 36
+ * bytes, across the line's room of 32), and mixed even and listed counts. */
+enum { A2A_SMALL_MAX = 9 };
 static void test_alltoall_small(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
-  for (int round = 0; round <= 7; round++) {
+  for (int round = 0; round <= A2A_SMALL_MAX; round++) {
     const bool mixed = round == 0;
-    int32_t sendbuf[GROUP_MAX_RANKS][8], recvbuf[GROUP_MAX_RANKS][8];
+    int32_t sendbuf[GROUP_MAX_RANKS][A2A_SMALL_MAX], recvbuf[GROUP_MAX_RANKS][A2A_SMALL_MAX];
     tcc_buf_t sends[GROUP_MAX_RANKS], recvs[GROUP_MAX_RANKS];
     for (int k = 0; k < n; k++) {
       const size_t sc = mixed ? a2a_mixed_count(me, k) : (size_t)round;
       const size_t rc = mixed ? a2a_mixed_count(k, me) : (size_t)round;
-      for (size_t i = 0; i < 8; i++) {
+      for (size_t i = 0; i < A2A_SMALL_MAX; i++) {
         sendbuf[k][i] = me * 1000 + k * 100 + round * 10 + (int32_t)i;
         recvbuf[k][i] = -1;
       }
@@ -662,7 +663,7 @@ static void test_alltoall_small(tcc_comm_t *comm) {
     CHECK(RUN(tcc_alltoall(comm, sends, recvs, NULL, &op)) == TCC_OK, "small alltoall round %d", round);
     size_t bad = 0;
     for (int j = 0; j < n; j++)
-      for (size_t i = 0; i < 8; i++) {
+      for (size_t i = 0; i < A2A_SMALL_MAX; i++) {
         const int32_t want = i < recvs[j].count ? j * 1000 + me * 100 + round * 10 + (int32_t)i : -1;
         bad += recvbuf[j][i] != want;
       }

@@ -53,13 +53,18 @@ typedef struct tcc_coll {
  * and a small stream then share one cache line; see coll_staged.c). */
 typedef struct tcc_coll_desc {
   uint64_t seq;
-  uint16_t kind;
-  uint16_t flags;
-  uint32_t dtype;
-  uint32_t redop;
-  int32_t root;
   uint64_t count;
+  int32_t root;
+  /* A byte each: 24 bytes in all leave a shared-memory rank's line room
+   * for 32 bytes of data after its arrival word (shm_spans.c). */
+  uint8_t kind;
+  uint8_t flags;
+  uint8_t dtype;
+  uint8_t redop;
 } tcc_coll_desc_t;
+_Static_assert(sizeof(tcc_coll_desc_t) == 24, "a descriptor's head is 24 bytes, without padding");
+_Static_assert(TCC_COLL_BARRIER < 256 && TCC_DTYPE_COUNT <= 256 && TCC_REDOP_COUNT <= 256,
+               "kinds, dtypes and reduce ops fit a descriptor's bytes");
 
 /* flags: an all-to-all whose every send and receive count is `count`. */
 #define TCC_DESC_EVEN_COUNTS 1u

@@ -48,12 +48,12 @@ static void write_desc(const tcc_coll_t *c, uint64_t seq, int size, void *out, b
   tcc_coll_desc_t d;
   memset(&d, 0, sizeof d);
   d.seq = seq;
-  d.kind = (uint16_t)c->kind;
-  d.dtype = (uint32_t)c->dtype;
+  d.kind = (uint8_t)c->kind;
+  d.dtype = (uint8_t)c->dtype;
   /* Only reductions carry a meaningful reduce op. */
   int reduces = c->kind == TCC_COLL_ALLREDUCE || c->kind == TCC_COLL_REDUCE ||
                 c->kind == TCC_COLL_REDUCE_SCATTER;
-  d.redop = reduces ? (uint32_t)c->redop : 0;
+  d.redop = reduces ? (uint8_t)c->redop : 0;
   int rooted = c->kind == TCC_COLL_BROADCAST || c->kind == TCC_COLL_REDUCE ||
                c->kind == TCC_COLL_GATHER || c->kind == TCC_COLL_SCATTER;
   d.root = rooted ? c->root : -1;
