@@ -5,6 +5,7 @@ one host.
     python bench/bench_layers.py                 # 2 ranks, shared memory
     python bench/bench_layers.py --world 4 --csv layers.csv
     python bench/bench_layers.py --busy 1        # one core kept busy meanwhile
+    python bench/bench_layers.py --op p2p        # send/recv round trips instead
 
 Layers, each timed in the conventions of bench/bench_collectives.py
 (warm-up, then the median of 5 batches of the slowest rank's time per call):
@@ -24,6 +25,11 @@ Layers, each timed in the conventions of bench/bench_collectives.py
             the lowest a backend's funcol time can be
 Each layer's "above core" column is its time minus the core's: what the
 layers above the core add. Every result is checked.
+
+--op p2p times 8-byte send/recv round trips between 2 ranks instead (rank 0
+sends and receives the echo, rank 1 receives and sends it back; both check
+what they got) through the same layers but funcol and floor, which have no
+point-to-point op; the core's row is bench_latency's round trip (2 shm p2p).
 
 --busy N keeps N other processes spinning (one core each, as another job
 or a data loader would) for the whole measurement, the core's included:
@@ -53,18 +59,56 @@ def start_busy(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-def core_time(world: int) -> float:
-    """Median microseconds per call of the C program (one line it prints)."""
+def core_time(world: int, op: str) -> float:
+    """Median microseconds per call (per round trip for p2p) of the C program
+    (one line it prints)."""
     exe = os.path.join(CORE, "build", "bench_latency")
     subprocess.run(["make", "-s", "-C", CORE, "build/bench_latency"], check=True)
-    out = subprocess.run([exe, str(world), "shm"], check=True, capture_output=True, text=True).stdout
-    m = re.search(r"median ([0-9.]+) us per call", out)
+    what = "p2p" if op == "p2p" else "allreduce"
+    out = subprocess.run([exe, str(world), "shm", what], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"median ([0-9.]+) us", out)
     if not m:
         raise RuntimeError(f"bench_latency printed no median:\n{out}")
     return float(m.group(1))
 
 
-def rank_main(rank: int, world: int, calls: int, out_path: str) -> None:
+def p2p_layers(rank, comm, pg, backend, gloo):
+    """(name, call, make_input, want) for round trips: call(x) returns the
+    tensor whose values must equal `want` (rank 0: the echo; rank 1: what
+    rank 0 sent). x is made outside the clock."""
+    import torch
+    import torch.distributed as dist
+
+    peer = 1 - rank
+
+    def round_trip(send, recv):
+        if rank == 0:
+            def call(x):
+                send(x[0])
+                recv(x[1])
+                return x[1]
+        else:
+            def call(x):
+                recv(x[0])
+                send(x[0])
+                return x[0]
+        return call
+
+    def make_input():  # rank 0 sends 1.0 and receives into zeros; rank 1 receives into zeros
+        return (torch.full((2,), 1.0) if rank == 0 else torch.zeros(2), torch.zeros(2))
+
+    layers = [
+        ("torchcomm", round_trip(lambda t: comm.send(t, peer), lambda t: comm.recv(t, peer))),
+        ("c10d", round_trip(lambda t: dist.send(t, peer), lambda t: dist.recv(t, peer))),
+        ("pg", round_trip(lambda t: pg.send([t], peer, 0).wait(), lambda t: pg.recv([t], peer, 0).wait())),
+        ("backend", round_trip(lambda t: backend.send([t], peer, 0).wait(),
+                               lambda t: backend.recv([t], peer, 0).wait())),
+        ("gloo", round_trip(lambda t: dist.send(t, peer, group=gloo), lambda t: dist.recv(t, peer, group=gloo))),
+    ]
+    return [(name, call, make_input, 1.0) for name, call in layers]
+
+
+def rank_main(rank: int, world: int, calls: int, out_path: str, op: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -107,19 +151,25 @@ def rank_main(rank: int, world: int, calls: int, out_path: str) -> None:
     def floor(t):
         return ops.wait_tensor(torch.ops.aten.clone(t))
 
+    def own_value():
+        return torch.full((2,), float(rank + 1))
+
     rows = []
-    layers = [("torchcomm", torchcomm, want), ("funcol", funcol, want), ("c10d", c10d, want),
-              ("pg", pg_call, want), ("backend", backend_call, want),
-              ("gloo", gloo_call, want), ("floor", floor, float(rank + 1))]
-    for name, call, want in layers:
+    layers = [("torchcomm", torchcomm, own_value, want), ("funcol", funcol, own_value, want),
+              ("c10d", c10d, own_value, want), ("pg", pg_call, own_value, want),
+              ("backend", backend_call, own_value, want), ("gloo", gloo_call, own_value, want),
+              ("floor", floor, own_value, float(rank + 1))]
+    if op == "p2p":
+        layers = p2p_layers(rank, comm, pg, backend, gloo)
+    for name, call, make_input, want in layers:
         n = calls // 10 if name == "gloo" else calls  # gloo is ~10x slower
         for _ in range(WARMUP // (10 if name == "gloo" else 1)):
-            got = call(torch.full((2,), float(rank + 1)))
+            got = call(make_input())
             assert got[0].item() == want, (name, got)
         batches = []
         for _ in range(BATCHES):
             dist.barrier(group=gloo)
-            inputs = [torch.full((2,), float(rank + 1)) for _ in range(n)]  # made outside the clock
+            inputs = [make_input() for _ in range(n)]  # made outside the clock
             outputs = [None] * n
             start = time.perf_counter()
             for i, t in enumerate(inputs):
@@ -141,10 +191,14 @@ def rank_main(rank: int, world: int, calls: int, out_path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--op", choices=["allreduce", "p2p"], default="allreduce",
+                    help="8 B all_reduce (default) or send/recv round trips (2 ranks)")
     ap.add_argument("--calls", type=int, default=20000, help="calls per batch (gloo: a tenth)")
     ap.add_argument("--csv", help="also write the table here")
     ap.add_argument("--busy", type=int, default=0, help="processes that keep a core busy meanwhile (default 0)")
     args = ap.parse_args()
+    if args.op == "p2p" and args.world != 2:
+        ap.error("--op p2p takes 2 ranks (--world 2)")
     busy = start_busy(args.busy)
     try:
         measure(args)
@@ -158,9 +212,10 @@ def measure(args: argparse.Namespace) -> None:
 
     out = os.path.join(ROOT, "bench", "results", f"layers.w{args.world}.tmp")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    if not run_ranks(args.world, lambda rank: [__file__, "--rank", str(rank), str(args.world), str(args.calls), out]):
+    if not run_ranks(args.world, lambda rank: [__file__, "--rank", str(rank), str(args.world), str(args.calls), out,
+                                               args.op]):
         sys.exit("bench_layers: a rank failed")
-    core = core_time(args.world)
+    core = core_time(args.world, args.op)
     rows = [("core", core, [])]
     with open(out) as f:
         for line in f:
@@ -169,7 +224,8 @@ def measure(args: argparse.Namespace) -> None:
     os.remove(out)
 
     load = f", {args.busy} core(s) kept busy by other processes" if args.busy else ""
-    lines = [f"8 B all_reduce, {args.world} ranks on one host{load}, us per call (median of {BATCHES} batches,"
+    what, per = ("8 B send/recv round trip", "round trip") if args.op == "p2p" else ("8 B all_reduce", "call")
+    lines = [f"{what}, {args.world} ranks on one host{load}, us per {per} (median of {BATCHES} batches,"
              f" slowest rank)", f"{'layer':<10} {'us':>8} {'above core':>11}  batches"]
     for name, med, batches in rows:
         above = "" if name == "core" else f"{med - core:+.2f}"
@@ -177,13 +233,13 @@ def measure(args: argparse.Namespace) -> None:
     print("\n".join(lines))
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("layer,world,busy,us_per_call,us_above_core\n")
+            f.write("layer,op,world,busy,us_per_call,us_above_core\n")
             for name, med, _ in rows:
-                f.write(f"{name},{args.world},{args.busy},{med:.3f},{med - core:.3f}\n")
+                f.write(f"{name},{args.op},{args.world},{args.busy},{med:.3f},{med - core:.3f}\n")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
-        rank_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+        rank_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
     else:
         main()
