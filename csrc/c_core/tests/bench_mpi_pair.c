@@ -62,10 +62,11 @@ static void pingpong_mpi(float *in, float *out, int count) {
   }
 }
 
-static void run_core(tcc_comm_t *comm, pair_op_t what, float *in, float *out, size_t per) {
+/* `count` floats in all (all-reduce, ping-pong), `per` per rank (the others). */
+static void run_core(tcc_comm_t *comm, pair_op_t what, float *in, float *out, size_t count, size_t per) {
   const int n = tcc_comm_size(comm);
   if (what == OP_PINGPONG) {
-    pingpong_core(comm, in, out, per * (size_t)n);
+    pingpong_core(comm, in, out, count);
     return;
   }
   const int alltoall = what == OP_ALLTOALL;
@@ -74,7 +75,7 @@ static void run_core(tcc_comm_t *comm, pair_op_t what, float *in, float *out, si
     sends[j] = (tcc_buf_t){alltoall ? in + (size_t)j * per : in, per, TCC_FLOAT32, -1, NULL};
     recvs[j] = (tcc_buf_t){out + (size_t)j * per, per, TCC_FLOAT32, -1, NULL};
   }
-  const tcc_buf_t all = {in, per * (size_t)n, TCC_FLOAT32, -1, NULL};
+  const tcc_buf_t all = {in, count, TCC_FLOAT32, -1, NULL};
   tcc_op_t *op;
   const tcc_result_t issued = what == OP_ALLREDUCE ? tcc_allreduce(comm, all, all, TCC_SUM, NULL, &op)
                               : alltoall           ? tcc_alltoall(comm, sends, recvs, NULL, &op)
@@ -85,11 +86,11 @@ static void run_core(tcc_comm_t *comm, pair_op_t what, float *in, float *out, si
   if (r != TCC_OK) die("wait");
 }
 
-static void run_mpi(pair_op_t what, float *in, float *out, size_t per, int n) {
+static void run_mpi(pair_op_t what, float *in, float *out, size_t count, size_t per) {
   if (what == OP_PINGPONG)
-    pingpong_mpi(in, out, (int)per * n);
+    pingpong_mpi(in, out, (int)count);
   else if (what == OP_ALLREDUCE)
-    MPI_Allreduce(MPI_IN_PLACE, in, (int)per * n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, in, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   else if (what == OP_ALLTOALL)
     MPI_Alltoall(in, (int)per, MPI_FLOAT, out, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
   else
@@ -97,14 +98,15 @@ static void run_mpi(pair_op_t what, float *in, float *out, size_t per, int n) {
 }
 
 /* The slowest rank's microseconds per call over one batch. */
-static double batch(tcc_comm_t *comm, int core, pair_op_t what, float *in, float *out, size_t per, int iters) {
+static double batch(tcc_comm_t *comm, int core, pair_op_t what, float *in, float *out, size_t count, size_t per,
+                    int iters) {
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = MPI_Wtime();
   for (int i = 0; i < iters; i++) {
     if (core)
-      run_core(comm, what, in, out, per);
+      run_core(comm, what, in, out, count, per);
     else
-      run_mpi(what, in, out, per, tcc_comm_size(comm));
+      run_mpi(what, in, out, count, per);
   }
   double us = (MPI_Wtime() - t0) / iters * 1e6;
   MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -151,7 +153,8 @@ int main(int argc, char **argv) {
   tcc_comm_t *comm = open_core(rank, size, strcmp(transport, "tcp") == 0 ? TCC_TRANSPORT_TCP : TCC_TRANSPORT_SHM);
   for (size_t bytes = strtoull(argv[2], NULL, 10); bytes > 0 && bytes <= strtoull(argv[3], NULL, 10); bytes *= 4) {
     const size_t count = bytes / sizeof(float), per = count / (size_t)size;
-    if (per == 0) continue;
+    /* An all-reduce's size is its whole vector, a ping-pong's its message. */
+    if (what == OP_ALLREDUCE || what == OP_PINGPONG ? count == 0 : per == 0) continue;
     const size_t alloc = (count * sizeof(float) + 4095) / 4096 * 4096;
     float *in = aligned_alloc(4096, alloc), *out = aligned_alloc(4096, alloc);
     if (!in || !out) die("out of memory");
@@ -164,7 +167,7 @@ int main(int argc, char **argv) {
       double us[2];
       for (int k = 0; k < 2; k++) {
         const int core = (p & 1) ^ k; /* which goes first flips from pair to pair */
-        us[core] = batch(comm, core, (pair_op_t)what, in, out, per, iters);
+        us[core] = batch(comm, core, (pair_op_t)what, in, out, count, per, iters);
       }
       if (p >= 0) ratio[p] = us[0] / us[1], mpi_us[p] = us[0], core_us[p] = us[1];
     }
