@@ -5,6 +5,7 @@ one host.
     python bench/bench_layers.py                 # 2 ranks, shared memory
     python bench/bench_layers.py --world 4 --csv layers.csv
     python bench/bench_layers.py --busy 1        # one core kept busy meanwhile
+    python bench/bench_layers.py --cpus 1        # every rank confined to one CPU
     python bench/bench_layers.py --op p2p        # send/recv round trips instead
 
 Layers, each timed in the conventions of bench/bench_collectives.py
@@ -34,6 +35,11 @@ point-to-point op; the core's row is bench_latency's round trip (2 shm p2p).
 --busy N keeps N other processes spinning (one core each, as another job
 or a data loader would) for the whole measurement, the core's included:
 how waiting holds up when cores are shared.
+
+--cpus K confines every rank, and the core's program, to the first K CPUs
+this process may use, as a container's CPU set, taskset or a batch
+system's binding would: fewer CPUs than ranks means each op hands a CPU
+from one rank to another.
 """
 
 from __future__ import annotations
@@ -196,9 +202,17 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20000, help="calls per batch (gloo: a tenth)")
     ap.add_argument("--csv", help="also write the table here")
     ap.add_argument("--busy", type=int, default=0, help="processes that keep a core busy meanwhile (default 0)")
+    ap.add_argument("--cpus", type=int, default=0,
+                    help="confine the ranks (and the busy processes) to the first K CPUs allowed (default: all)")
     args = ap.parse_args()
     if args.op == "p2p" and args.world != 2:
         ap.error("--op p2p takes 2 ranks (--world 2)")
+    allowed = sorted(os.sched_getaffinity(0))
+    if args.cpus < 0 or args.cpus > len(allowed):
+        ap.error(f"--cpus takes 1 to {len(allowed)} (the CPUs this process may use)")
+    if args.cpus:
+        os.sched_setaffinity(0, allowed[:args.cpus])  # every process started from here inherits it
+    args.cpus = len(os.sched_getaffinity(0))
     busy = start_busy(args.busy)
     try:
         measure(args)
@@ -224,6 +238,7 @@ def measure(args: argparse.Namespace) -> None:
     os.remove(out)
 
     load = f", {args.busy} core(s) kept busy by other processes" if args.busy else ""
+    load += f", on {args.cpus} CPU(s)"
     what, per = ("8 B send/recv round trip", "round trip") if args.op == "p2p" else ("8 B all_reduce", "call")
     lines = [f"{what}, {args.world} ranks on one host{load}, us per {per} (median of {BATCHES} batches,"
              f" slowest rank)", f"{'layer':<10} {'us':>8} {'above core':>11}  batches"]
@@ -233,9 +248,9 @@ def measure(args: argparse.Namespace) -> None:
     print("\n".join(lines))
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("layer,op,world,busy,us_per_call,us_above_core\n")
+            f.write("layer,op,world,busy,cpus,us_per_call,us_above_core\n")
             for name, med, _ in rows:
-                f.write(f"{name},{args.op},{args.world},{args.busy},{med:.3f},{med - core:.3f}\n")
+                f.write(f"{name},{args.op},{args.world},{args.busy},{args.cpus},{med:.3f},{med - core:.3f}\n")
 
 
 if __name__ == "__main__":

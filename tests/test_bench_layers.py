@@ -2,7 +2,8 @@
 (the C core, the TorchComm API, the functional op + wait_tensor, eager c10d
 and the same call without torch's Python wrapper and without its dispatcher,
 gloo, and torch's own floor for funcol's two op calls) is timed, checked by the benchmark itself, and reported in the table
-and the CSV, quiet and with a core kept busy by another process (--busy);
+and the CSV, quiet, with a core kept busy by another process (--busy) and
+with both ranks confined to one CPU (--cpus 1);
 and the same for send/recv round trips (--op p2p), whose layers have no
 functional op.
 A smoke run with few calls: figures are not judged here."""
@@ -25,12 +26,12 @@ LAYERS = {
 }
 
 
-@pytest.mark.parametrize("op,busy", [("allreduce", 0), ("allreduce", 1), ("p2p", 0)])
-def test_every_layer_is_measured_and_reported(op, busy):
+@pytest.mark.parametrize("op,busy,cpus", [("allreduce", 0, 0), ("allreduce", 1, 0), ("allreduce", 0, 1), ("p2p", 0, 0)])
+def test_every_layer_is_measured_and_reported(op, busy, cpus):
     with tempfile.TemporaryDirectory() as tmp:
         out_csv = os.path.join(tmp, "layers.csv")
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_layers.py"), "--calls", "200",
-                               "--csv", out_csv, "--busy", str(busy), "--op", op],
+                               "--csv", out_csv, "--busy", str(busy), "--op", op, "--cpus", str(cpus)],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         with open(out_csv) as f:
@@ -41,7 +42,9 @@ def test_every_layer_is_measured_and_reported(op, busy):
     core = float(rows[0]["us_per_call"])
     for r in rows:
         assert r["op"] == op and r["world"] == "2" and r["busy"] == str(busy) and float(r["us_per_call"]) > 0, r
+        assert r["cpus"] == str(cpus or len(os.sched_getaffinity(0))), r
         assert abs(float(r["us_above_core"]) - (float(r["us_per_call"]) - core)) < 1e-2, r
     assert ("core(s) kept busy" in proc.stdout) == bool(busy), proc.stdout
+    assert f"on {cpus or len(os.sched_getaffinity(0))} CPU(s)" in proc.stdout.splitlines()[0], proc.stdout
     for layer in layers:
         assert any(line.startswith(layer) for line in proc.stdout.splitlines()), (layer, proc.stdout)

@@ -30,10 +30,12 @@ static void test_decisions(void) {
 
   tcc__cpu_share_init(&s, cpus + 1, why, sizeof why);
   CHECK(!s.spin_while_away && !s.may_move, "more ranks than CPUs: spin %d move %d", s.spin_while_away, s.may_move);
+  CHECK(s.spins == TCC_SPINS_SHARED, "more ranks than CPUs: %d polls before a yield", s.spins);
   CHECK(strstr(why, "yield at once") != NULL, "why: %s", why);
 
   tcc__cpu_share_init(&s, cpus, why, sizeof why);
   CHECK(s.spin_while_away, "as many ranks as CPUs spin while away: %s", why);
+  CHECK(s.spins == TCC_SPINS_OWN_CPU, "as many ranks as CPUs: %d polls before a yield", s.spins);
   CHECK(s.may_move == (cpus >= 2), "may move with %d CPUs: %d (%s)", cpus, s.may_move, why);
 
   setenv("TCCOMM_CPU_MOVE", "0", 1);
@@ -50,6 +52,10 @@ static void test_decisions(void) {
     tcc__cpu_share_init(&s, 1, why, sizeof why);
     CHECK(s.spin_while_away && !s.may_move, "one CPU allowed: spin %d move %d (%s)", s.spin_while_away, s.may_move,
           why);
+    /* Two ranks pinned to one CPU: the awaited one is queued behind the waiter. */
+    tcc__cpu_share_init(&s, 2, why, sizeof why);
+    CHECK(!s.spin_while_away && s.spins == TCC_SPINS_SHARED, "2 ranks on one allowed CPU: spin %d, %d polls (%s)",
+          s.spin_while_away, s.spins, why);
     for (int i = 0; i < 64; i++) tcc__cpu_share_after_wait(&s, true);
     CHECK(tcc__cpu_moves(NULL, NULL) == 0, "moved %d times with one CPU", tcc__cpu_moves(NULL, NULL));
     CHECK(sched_setaffinity(0, sizeof set, &set) == 0, "affinity restored by the test");
@@ -238,7 +244,6 @@ static void test_view_inherits(void) {
   snprintf(parent->name, sizeof parent->name, "cpu-share-parent");
   parent->rank = 1;
   parent->size = 4;
-  parent->spin_iters = 100;
   char why[200];
   tcc__cpu_share_init(&parent->cpu_share, 1, why, sizeof why);
   CHECK(parent->cpu_share.spin_while_away, "a lone rank spins while away: %s", why);
@@ -247,7 +252,7 @@ static void test_view_inherits(void) {
   tcc_comm_t *view = tcc__comm_view_new(parent, 0, 2, members, &err);
   CHECK(view != NULL, "view: %s", err.msg);
   CHECK(view->cpu_share.spin_while_away == parent->cpu_share.spin_while_away &&
-            view->cpu_share.may_move == parent->cpu_share.may_move,
+            view->cpu_share.may_move == parent->cpu_share.may_move && view->cpu_share.spins == parent->cpu_share.spins,
         "view spins %d moves %d, parent spins %d moves %d", view->cpu_share.spin_while_away,
         view->cpu_share.may_move, parent->cpu_share.spin_while_away, parent->cpu_share.may_move);
   tcc__spin_gate_t g = {0};

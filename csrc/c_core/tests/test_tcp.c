@@ -788,6 +788,10 @@ static void machines_group(rank_ctx_t *t) {
   CHECK(t->comm->cpu_share.spin_while_away == (cpus > 0 && mates <= cpus),
         "rank %d: %d rank(s) on its machine, %d CPU(s): spin_while_away %d", t->rank, mates, cpus,
         t->comm->cpu_share.spin_while_away);
+  /* Polls before a yield follow the ranks of its machine, not the group's size. */
+  const int spins = mates <= cpus ? TCC_SPINS_OWN_CPU : TCC_SPINS_SHARED;
+  CHECK(t->comm->cpu_share.spins == spins, "rank %d: %d rank(s) on its machine, %d CPU(s): %d polls, want %d",
+        t->rank, mates, cpus, t->comm->cpu_share.spins, spins);
   test_allreduce(t);
   test_reduce_scatter(t);
   test_alltoall(t);

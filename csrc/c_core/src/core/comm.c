@@ -107,7 +107,6 @@ tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
   atomic_store(&comm->timeout_ms, cfg->timeout_ms > 0 ? cfg->timeout_ms : 30 * 60 * 1000LL);
   pthread_mutex_init(&comm->fail_lock, NULL);
   pthread_mutex_init(&comm->group_lock, NULL);
-  comm->spin_iters = tcc__spin_budget(cfg->size);
 
   tcc_result_t r = tcc__transport_setup(comm, transport, ep, blobs, &err);
   ep = NULL; /* closed by the setup */
@@ -138,11 +137,6 @@ fail:
   TCC_LOG_WARN(cfg ? cfg->rank : -1, "communicator '%s' could not be created: %s",
                cfg && cfg->name && *cfg->name ? cfg->name : "tccomm", err.msg[0] ? err.msg : "unknown cause");
   return tcc__fail_with(&err, err.code != TCC_OK ? err.code : TCC_ERR_SYSTEM);
-}
-
-int tcc__spin_budget(int ranks) {
-  /* Spinning only pays when every rank has a core to itself. */
-  return ranks <= sysconf(_SC_NPROCESSORS_ONLN) ? 300 : 16;
 }
 
 int tcc_comm_rank(const tcc_comm_t *comm) { return comm->rank; }

@@ -40,6 +40,7 @@ int tcc__cpus_allowed(void) {
 
 void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t why_len) {
   memset(s, 0, sizeof *s);
+  s->spins = TCC_SPINS_SHARED;
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
     snprintf(why, why_len, "the CPU affinity cannot be read: waiters yield at once");
@@ -51,6 +52,7 @@ void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t
     return;
   }
   s->spin_while_away = true;
+  s->spins = TCC_SPINS_OWN_CPU;
   const char *env = getenv("TCCOMM_CPU_MOVE");
   s->may_move = cpus >= 2 && !(env && strcmp(env, "0") == 0);
   snprintf(why, why_len, "%d ranks on this host, %d CPU(s) allowed: waiters spin while the awaited rank runs elsewhere, %s",

@@ -71,7 +71,7 @@ extern const tcc__executor_t tcc__device_executor; /* nccl/executor.c or nccl/no
 static inline int tcc__comm_in_group(tcc_comm_t *comm) { return atomic_load(&comm->group_depth) > 0; }
 
 /* Sleeps until op finished or timeout_ms (< 0: no limit) passed
- * (core/idle_wait.h, spinning comm->spin_iters first). The op's result, or
+ * (core/idle_wait.h, spinning comm->cpu_share.spins first). The op's result, or
  * TCC_ERR_INPROGRESS at the deadline. What every executor's wait ends in. */
 tcc_result_t tcc__op_await(tcc_op_t *op, int64_t timeout_ms);
 

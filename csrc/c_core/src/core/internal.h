@@ -134,8 +134,6 @@ struct tcc_comm {
   tcc_result_t fail_code;      /* why aborted */
   pthread_mutex_t fail_lock;
   char fail_msg[TCC_ERRLEN];
-  /* spin budget for waits: large when every rank has its own core */
-  int spin_iters;
   tcc__cpu_share_t cpu_share; /* set by the transport; zero: not known */
   atomic_int group_depth; /* tcc_comm_group_start nesting */
   pthread_mutex_t group_lock;
@@ -157,10 +155,6 @@ static inline int tcc__rank_label(const tcc_comm_t *comm, int r) {
 }
 /* This rank, as the user knows it. */
 static inline int tcc__self_label(const tcc_comm_t *comm) { return tcc__rank_label(comm, comm->rank); }
-
-/* Busy polls a wait may spend before it yields, for a group of `ranks`
- * on this machine: many only when every rank has a core to itself. */
-int tcc__spin_budget(int ranks);
 
 /* core/view.c. A view of `size` of parent's ranks (members[r]: parent rank
  * of view rank r; this rank is view rank `rank`), named and timed like the

@@ -95,7 +95,7 @@ static bool op_finished(void *op) { return atomic_load(&((tcc_op_t *)op)->finish
 
 tcc_result_t tcc__op_await(tcc_op_t *op, int64_t timeout_ms) {
   const int64_t deadline_ns = timeout_ms < 0 ? INT64_MAX : tcc__deadline_after_ms(timeout_ms);
-  const tcc__idle_wait_t w = {.ready = op_finished, .arg = op, .spins = op->comm->spin_iters,
+  const tcc__idle_wait_t w = {.ready = op_finished, .arg = op, .spins = op->comm->cpu_share.spins,
                               .max_nap_ns = 100 * 1000000LL, .deadline_ns = deadline_ns,
                               .word = &op->finished_futex, .sleepers = &op->finished_sleepers};
   return tcc__idle_wait(&w) == TCC_OK ? op->result : TCC_ERR_INPROGRESS;

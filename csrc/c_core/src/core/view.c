@@ -35,8 +35,6 @@ tcc_comm_t *tcc__comm_view_new(tcc_comm_t *parent, int rank, int size, const int
   atomic_store(&v->timeout_ms, atomic_load(&parent->timeout_ms));
   pthread_mutex_init(&v->fail_lock, NULL);
   pthread_mutex_init(&v->group_lock, NULL);
-  const int budget = tcc__spin_budget(size);
-  v->spin_iters = budget < parent->spin_iters ? budget : parent->spin_iters;
   /* Its waits run on the parent's ranks, so they share CPUs as the
    * parent's do; a view with a transport of its own (shared memory)
    * decides again when that is set up. */

@@ -589,7 +589,7 @@ void *tcc__host_p2p_thread(void *arg) {
       continue;
     }
     if (e->p2p_pending == 0) continue;
-    p2p_idle(comm, want_write, &idle, TCC_ANY_SOURCE, comm->spin_iters / 16, 0, INT64_MAX);
+    p2p_idle(comm, want_write, &idle, TCC_ANY_SOURCE, comm->cpu_share.spins / 16, 0, INT64_MAX);
   }
   free(want_write);
   return NULL;
@@ -656,8 +656,8 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
    * as its op is done. */
   note_attended(e);
   for (int tries = 0; pthread_mutex_trylock(&e->p2p_progress) != 0; tries++) {
-    if (atomic_load(&op->finished) || tries >= comm->spin_iters + 64) return;
-    if (tries < comm->spin_iters) tcc_cpu_relax();
+    if (atomic_load(&op->finished) || tries >= comm->cpu_share.spins + 64) return;
+    if (tries < comm->cpu_share.spins) tcc_cpu_relax();
     else sched_yield();
   }
   pthread_mutex_lock(&e->lock);
@@ -679,7 +679,7 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
     if (left <= 0) break;
     /* Waiting for its own message, as a collective waits for its peers
      * (core/idle_wait.c): spin, yield, then sleep. */
-    p2p_idle(comm, e->waiter_want_write, &idle, op->peer, comm->spin_iters, 64, left);
+    p2p_idle(comm, e->waiter_want_write, &idle, op->peer, comm->cpu_share.spins, 64, left);
   }
   tcc__cpu_share_after_wait(&comm->cpu_share, shared_cpu || idle.shared_cpu);
   /* Ops left pending are the p2p thread's after P2P_POLL_NS from now. */

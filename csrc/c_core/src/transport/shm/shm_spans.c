@@ -117,7 +117,7 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
   }
   arrival_t a = {comm, st, n, 0, stage, what, seq, err, false};
   const tcc__idle_wait_t w = {.ready = all_arrived, .check = arrival_trouble, .arg = &a,
-                              .spins = comm->spin_iters,
+                              .spins = comm->cpu_share.spins,
                               .peer_here = comm->cpu_share.spin_while_away ? missing_rank_here : NULL,
                               .away_spin_ns = TCC_CPU_AWAY_SPIN_NS, .yields = 64, .max_nap_ns = 20 * 1000000LL,
                               .deadline_ns = deadline_ns, .word = &h->barrier_futex,
