@@ -109,7 +109,7 @@ def test_info_names_transport_thresholds_and_lifecycle(tmp_path):
         assert {r for r, _, _ in lines} == {"-", str(rank)}, text
         assert has(lines, "INFO", r"^tccomm version \d+\.\d+ \("), text
         assert has(lines, "INFO", rf"^communicator '[^']+': all 2 ranks on host {re.escape(host)} share /dev/shm: shm$"), text
-        assert has(lines, "INFO", r"^communicator '[^']+' shared memory: 2 ranks on this host, \d+ CPU\(s\) allowed: "
+        assert has(lines, "INFO", r"^communicator '[^']+' shared memory: 2 ranks on this host, \d+ CPU\(s\) between them: "
                    r"(waiters spin while the awaited rank runs elsewhere|waiters yield at once)"), text
         assert has(lines, "INFO", r"algorithms over shm staging spans: reductions up to \d+ bytes one-shot .* "
                                   r"\d+-byte windows"), text

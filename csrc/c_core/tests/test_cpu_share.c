@@ -16,6 +16,7 @@
 #include "core/cpu_share.h"
 #include "core/idle_wait.h"
 #include "core/internal.h"
+#include "group.h"
 
 static int allowed_cpus(cpu_set_t *set) {
   CHECK(sched_getaffinity(0, sizeof *set, set) == 0, "sched_getaffinity");
@@ -28,18 +29,18 @@ static void test_decisions(void) {
   tcc__cpu_share_t s;
   char why[160];
 
-  tcc__cpu_share_init(&s, cpus + 1, why, sizeof why);
+  tcc__cpu_share_init(&s, cpus + 1, tcc__cpus_allowed(), why, sizeof why);
   CHECK(!s.spin_while_away && !s.may_move, "more ranks than CPUs: spin %d move %d", s.spin_while_away, s.may_move);
   CHECK(s.spins == TCC_SPINS_SHARED, "more ranks than CPUs: %d polls before a yield", s.spins);
   CHECK(strstr(why, "yield at once") != NULL, "why: %s", why);
 
-  tcc__cpu_share_init(&s, cpus, why, sizeof why);
+  tcc__cpu_share_init(&s, cpus, tcc__cpus_allowed(), why, sizeof why);
   CHECK(s.spin_while_away, "as many ranks as CPUs spin while away: %s", why);
   CHECK(s.spins == TCC_SPINS_OWN_CPU, "as many ranks as CPUs: %d polls before a yield", s.spins);
   CHECK(s.may_move == (cpus >= 2), "may move with %d CPUs: %d (%s)", cpus, s.may_move, why);
 
   setenv("TCCOMM_CPU_MOVE", "0", 1);
-  tcc__cpu_share_init(&s, 1, why, sizeof why);
+  tcc__cpu_share_init(&s, 1, tcc__cpus_allowed(), why, sizeof why);
   CHECK(s.spin_while_away && !s.may_move, "TCCOMM_CPU_MOVE=0: spin %d move %d", s.spin_while_away, s.may_move);
   CHECK(strstr(why, "TCCOMM_CPU_MOVE=0") != NULL || cpus < 2, "why: %s", why);
   unsetenv("TCCOMM_CPU_MOVE");
@@ -49,11 +50,11 @@ static void test_decisions(void) {
   CPU_ZERO(&one);
   CPU_SET(tcc__cpu_now() >= 0 ? tcc__cpu_now() : 0, &one);
   if (sched_setaffinity(0, sizeof one, &one) == 0) {
-    tcc__cpu_share_init(&s, 1, why, sizeof why);
+    tcc__cpu_share_init(&s, 1, tcc__cpus_allowed(), why, sizeof why);
     CHECK(s.spin_while_away && !s.may_move, "one CPU allowed: spin %d move %d (%s)", s.spin_while_away, s.may_move,
           why);
     /* Two ranks pinned to one CPU: the awaited one is queued behind the waiter. */
-    tcc__cpu_share_init(&s, 2, why, sizeof why);
+    tcc__cpu_share_init(&s, 2, tcc__cpus_allowed(), why, sizeof why);
     CHECK(!s.spin_while_away && s.spins == TCC_SPINS_SHARED, "2 ranks on one allowed CPU: spin %d, %d polls (%s)",
           s.spin_while_away, s.spins, why);
     for (int i = 0; i < 64; i++) tcc__cpu_share_after_wait(&s, true);
@@ -74,7 +75,7 @@ static void test_moves(void) {
   }
   tcc__cpu_share_t s;
   char why[160];
-  tcc__cpu_share_init(&s, 2, why, sizeof why);
+  tcc__cpu_share_init(&s, 2, tcc__cpus_allowed(), why, sizeof why);
   CHECK(s.may_move, "two ranks, two CPUs or more: %s", why);
 
   /* Waits that did not share a CPU never count. */
@@ -82,7 +83,7 @@ static void test_moves(void) {
   CHECK(tcc__cpu_moves(NULL, NULL) == 0, "moved after unshared waits");
   /* Groups whose ranks outnumber the CPUs never move. */
   tcc__cpu_share_t crowded;
-  tcc__cpu_share_init(&crowded, CPU_COUNT(&before) + 1, why, sizeof why);
+  tcc__cpu_share_init(&crowded, CPU_COUNT(&before) + 1, tcc__cpus_allowed(), why, sizeof why);
   for (int i = 0; i < 100; i++) tcc__cpu_share_after_wait(&crowded, true);
   CHECK(tcc__cpu_moves(NULL, NULL) == 0, "moved in a group with more ranks than CPUs");
   /* One pattern of shared waits moves once; a second, right after, waits
@@ -185,8 +186,8 @@ static void test_spin_gate(void) {
   const int cpus = allowed_cpus(&set);
   char why[160];
   tcc__cpu_share_t crowded, roomy;
-  tcc__cpu_share_init(&crowded, cpus + 1, why, sizeof why);
-  tcc__cpu_share_init(&roomy, 1, why, sizeof why);
+  tcc__cpu_share_init(&crowded, cpus + 1, tcc__cpus_allowed(), why, sizeof why);
+  tcc__cpu_share_init(&roomy, 1, tcc__cpus_allowed(), why, sizeof why);
 
   tcc__spin_gate_t g = {0};
   for (int i = 0; i < 3; i++) CHECK(!tcc__spin_gate_open(&g, &crowded, true), "gate open with more ranks than CPUs");
@@ -245,7 +246,7 @@ static void test_view_inherits(void) {
   parent->rank = 1;
   parent->size = 4;
   char why[200];
-  tcc__cpu_share_init(&parent->cpu_share, 1, why, sizeof why);
+  tcc__cpu_share_init(&parent->cpu_share, 1, tcc__cpus_allowed(), why, sizeof why);
   CHECK(parent->cpu_share.spin_while_away, "a lone rank spins while away: %s", why);
   const int members[2] = {1, 3};
   tcc_err_t err = {0};
@@ -261,9 +262,83 @@ static void test_view_inherits(void) {
   free(parent);
 }
 
+/* The CPUs ranks may use between them: the union of their sets, however
+ * they overlap; the fewest of any when a set reaches past the masks. */
+static void test_cpus_between(void) {
+  enum { BITS = 128 };
+  uint64_t a[BITS / 64] = {0x1}, b[BITS / 64] = {0x2}, ab[BITS / 64] = {0x3}, high[BITS / 64] = {0, 0x1};
+  const uint64_t *apart[] = {a, b}, *same[] = {a, a}, *nested[] = {ab, b}, *spread[] = {a, high};
+  const uint16_t ones[] = {1, 1}, two_one[] = {2, 1}, past[] = {1, 3}, unknown[] = {1, 0};
+  CHECK(tcc__cpus_between(apart, ones, 2, BITS) == 2, "bound to CPUs 0 and 1: %d", tcc__cpus_between(apart, ones, 2, BITS));
+  CHECK(tcc__cpus_between(same, ones, 2, BITS) == 1, "both on CPU 0: %d", tcc__cpus_between(same, ones, 2, BITS));
+  CHECK(tcc__cpus_between(nested, two_one, 2, BITS) == 2, "{0,1} and {1}: %d",
+        tcc__cpus_between(nested, two_one, 2, BITS));
+  CHECK(tcc__cpus_between(spread, ones, 2, BITS) == 2, "CPUs 0 and 64: %d", tcc__cpus_between(spread, ones, 2, BITS));
+  /* The second rank may use 3 CPUs but its mask shows one: some lie past it. */
+  CHECK(tcc__cpus_between(spread, past, 2, BITS) == 1, "a set past the masks: %d",
+        tcc__cpus_between(spread, past, 2, BITS));
+  CHECK(tcc__cpus_between(apart, unknown, 2, BITS) == 0, "an unknown count: %d",
+        tcc__cpus_between(apart, unknown, 2, BITS));
+  CHECK(tcc__cpus_between(apart, ones, 0, BITS) == 0, "no ranks");
+
+  uint64_t mine[TCC_BLOB_CPU_BITS / 64];
+  const int own = tcc__cpu_mask(mine, TCC_BLOB_CPU_BITS);
+  const uint64_t *just_me[] = {mine};
+  const uint16_t own_count[] = {(uint16_t)own};
+  CHECK(own == tcc__cpus_allowed() && (own > TCC_BLOB_CPU_BITS || tcc__cpus_between(just_me, own_count, 1,
+                                                                                      TCC_BLOB_CPU_BITS) == own),
+        "this thread's mask: %d CPUs, %d allowed", own, tcc__cpus_allowed());
+}
+
+/* Ranks bound to a CPU each (a launcher's binding) may each use one CPU
+ * but have one each: their waits spin on. Bound to the same CPU, they
+ * yield. Over shared memory and over TCP, which count the same way. */
+static cpu_set_t bound_set;
+static int bound_cpu[2];
+static bool bound_expect_spin;
+
+static void bind_rank(int rank) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(bound_cpu[rank], &one);
+  CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "rank %d: bind to CPU %d", rank, bound_cpu[rank]);
+}
+
+static void check_bound(tcc_comm_t *comm) {
+  const tcc__cpu_share_t *s = &comm->cpu_share;
+  CHECK(s->spin_while_away == bound_expect_spin && !s->may_move &&
+            s->spins == (bound_expect_spin ? TCC_SPINS_OWN_CPU : TCC_SPINS_SHARED),
+        "rank %d on CPU %d (%s): spin %d move %d polls %d, want spin %d", tcc_comm_rank(comm),
+        bound_cpu[tcc_comm_rank(comm)], tcc_comm_transport_name(comm), s->spin_while_away, s->may_move, s->spins,
+        bound_expect_spin);
+}
+
+static void test_bound_ranks(void) {
+  if (allowed_cpus(&bound_set) < 2) {
+    fprintf(stderr, "test_cpu_share: bound ranks not tested: this process may use only one CPU\n");
+    return;
+  }
+  int first = -1, second = -1;
+  for (int c = 0; c < CPU_SETSIZE && second < 0; c++)
+    if (CPU_ISSET(c, &bound_set)) *(first < 0 ? &first : &second) = c;
+  group_rank_setup = bind_rank;
+  const char *specs[] = {"shm", "tcp"};
+  for (int i = 0; i < 2; i++) {
+    bound_cpu[0] = first, bound_cpu[1] = second, bound_expect_spin = true;
+    CHECK(run_group(2, specs[i], 10000, "bound-apart", check_bound) == 0, "%s: ranks on CPUs %d and %d", specs[i],
+          first, second);
+    bound_cpu[1] = first, bound_expect_spin = false;
+    CHECK(run_group(2, specs[i], 10000, "bound-together", check_bound) == 0, "%s: both ranks on CPU %d", specs[i],
+          first);
+  }
+  group_rank_setup = NULL;
+}
+
 int main(void) {
   test_view_inherits();
   test_decisions();
+  test_cpus_between();
+  test_bound_ranks();
   test_moves();
   test_spin_on_ends();
   test_spin_gate();

@@ -43,7 +43,7 @@
 static size_t direct_threshold; /* TCCOMM_SHM_DIRECT_BYTES of the group running */
 #define MAX_N 4
 
-typedef enum { GROUP_DIRECT, GROUP_ONE_OFF, GROUP_REFUSED, GROUP_OWN_CPUS, GROUP_SHARED_CPUS } group_kind_t;
+typedef enum { GROUP_DIRECT, GROUP_ONE_OFF, GROUP_REFUSED, GROUP_OWN_CPUS, GROUP_BOUND_APART, GROUP_SHARED_CPUS } group_kind_t;
 static group_kind_t kind;
 static size_t *verdicts; /* [MAX_N], shared by the forked ranks: each one's direct_bytes */
 
@@ -268,19 +268,26 @@ static void all_ops(tcc_comm_t *comm) {
   test_page_offsets(comm, 0, 40);
 }
 
-/* The group's threshold when nobody sets it: rank 0's, from its CPUs. */
-static void default_threshold(tcc_comm_t *comm) {
-  const uint64_t want = kind == GROUP_OWN_CPUS ? 16384 : 65536, got = shm_of(comm)->hdr->direct_bytes;
-  CHECK(got == want, "%s: rank %d sees a threshold of %llu bytes, expected %llu",
-        kind == GROUP_OWN_CPUS ? "a CPU per rank" : "rank 0 on one CPU", tcc_comm_rank(comm),
-        (unsigned long long)got, (unsigned long long)want);
+static const char *default_name(group_kind_t k) {
+  return k == GROUP_OWN_CPUS ? "a CPU per rank" : k == GROUP_BOUND_APART ? "each rank bound to a CPU of its own"
+                                                                        : "both ranks bound to one CPU";
 }
 
-/* Binds this process to the CPU it runs on. */
-static void bind_to_one_cpu(void) {
-  cpu_set_t one;
+/* The group's threshold when nobody sets it: rank 0's, from the CPUs the
+ * ranks may use between them. */
+static void default_threshold(tcc_comm_t *comm) {
+  const uint64_t want = kind == GROUP_SHARED_CPUS ? 65536 : 16384, got = shm_of(comm)->hdr->direct_bytes;
+  CHECK(got == want, "%s: rank %d sees a threshold of %llu bytes, expected %llu", default_name(kind),
+        tcc_comm_rank(comm), (unsigned long long)got, (unsigned long long)want);
+}
+
+/* Binds this process to the nth CPU it may use. */
+static void bind_to_allowed_cpu(int nth) {
+  cpu_set_t allowed, one;
   CPU_ZERO(&one);
-  CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &allowed) && nth-- == 0) CPU_SET(c, &one);
   if (sched_setaffinity(0, sizeof one, &one) != 0) perror("sched_setaffinity");
 }
 
@@ -312,9 +319,8 @@ static void rank_setup(int rank) {
       if (rank == 1) drop_ptrace_capability();
       break;
     case GROUP_OWN_CPUS: break;
-    case GROUP_SHARED_CPUS:
-      if (rank == 0) bind_to_one_cpu();
-      break;
+    case GROUP_BOUND_APART: bind_to_allowed_cpu(rank); break;
+    case GROUP_SHARED_CPUS: bind_to_allowed_cpu(0); break;
   }
 }
 
@@ -372,16 +378,16 @@ int main(void) {
     bad ? failed++ : passed++;
   }
   unsetenv("TCCOMM_SHM_DIRECT_BYTES");
-  const group_kind_t defaults[] = {GROUP_OWN_CPUS, GROUP_SHARED_CPUS};
-  for (size_t g = 0; g < 2; g++) {
+  const group_kind_t defaults[] = {GROUP_OWN_CPUS, GROUP_BOUND_APART, GROUP_SHARED_CPUS};
+  for (size_t g = 0; g < 3; g++) {
     kind = defaults[g];
-    const char *name = kind == GROUP_OWN_CPUS ? "default threshold, a CPU per rank" : "default threshold, shared CPUs";
-    if (kind == GROUP_OWN_CPUS && allowed_cpus() < 2) {
-      printf("skip %s: this process may use only one CPU\n", name);
+    const char *name = default_name(kind);
+    if (kind != GROUP_SHARED_CPUS && allowed_cpus() < 2) {
+      printf("skip default threshold, %s: this process may use only one CPU\n", name);
       continue;
     }
     int bad = run_group(2, "shm", 60000, "direct-default", default_threshold);
-    printf("%s %s n=2\n", bad ? "FAIL" : "ok  ", name);
+    printf("%s default threshold, %s n=2\n", bad ? "FAIL" : "ok  ", name);
     bad ? failed++ : passed++;
   }
   printf("test_direct: %d groups passed, %d failed\n", passed, failed);

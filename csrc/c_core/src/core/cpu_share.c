@@ -1,6 +1,7 @@
 /*
  * cpu_share.c - see cpu_share.h.
  */
+#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,26 +39,59 @@ int tcc__cpus_allowed(void) {
   return sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
 }
 
-void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t why_len) {
+int tcc__cpu_mask(uint64_t *mask, int bits) {
+  memset(mask, 0, (size_t)(bits / 64) * sizeof *mask);
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 0;
+  for (int c = 0; c < bits && c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &allowed)) mask[c / 64] |= 1ull << (c % 64);
+  return CPU_COUNT(&allowed);
+}
+
+int tcc__cpus_between(const uint64_t *const *masks, const uint16_t *counts, int n, int bits) {
+  if (n <= 0) return 0;
+  int fewest = INT_MAX;
+  bool whole = true;
+  for (int r = 0; r < n; r++) {
+    if (counts[r] == 0) return 0;
+    if (counts[r] < fewest) fewest = counts[r];
+    int in_mask = 0;
+    for (int w = 0; w < bits / 64; w++) in_mask += __builtin_popcountll(masks[r][w]);
+    whole = whole && in_mask == counts[r];
+  }
+  if (!whole) return fewest;
+  int between = 0;
+  for (int w = 0; w < bits / 64; w++) {
+    uint64_t any = 0;
+    for (int r = 0; r < n; r++) any |= masks[r][w];
+    between += __builtin_popcountll(any);
+  }
+  return between;
+}
+
+void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, int cpus, char *why, size_t why_len) {
   memset(s, 0, sizeof *s);
   s->spins = TCC_SPINS_SHARED;
-  cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
-    snprintf(why, why_len, "the CPU affinity cannot be read: waiters yield at once");
+  if (cpus <= 0) {
+    snprintf(why, why_len, "the CPUs the ranks may use are not known: waiters yield at once");
     return;
   }
-  const int cpus = CPU_COUNT(&allowed);
   if (local_ranks > cpus) {
-    snprintf(why, why_len, "%d ranks on this host, %d CPU(s) allowed: waiters yield at once", local_ranks, cpus);
+    snprintf(why, why_len, "%d ranks on this host, %d CPU(s) between them: waiters yield at once", local_ranks,
+             cpus);
     return;
   }
   s->spin_while_away = true;
   s->spins = TCC_SPINS_OWN_CPU;
+  const int own = tcc__cpus_allowed();
   const char *env = getenv("TCCOMM_CPU_MOVE");
-  s->may_move = cpus >= 2 && !(env && strcmp(env, "0") == 0);
-  snprintf(why, why_len, "%d ranks on this host, %d CPU(s) allowed: waiters spin while the awaited rank runs elsewhere, %s",
+  s->may_move = own >= 2 && !(env && strcmp(env, "0") == 0);
+  snprintf(why, why_len,
+           "%d ranks on this host, %d CPU(s) between them: waiters spin while the awaited rank runs elsewhere, %s",
            local_ranks, cpus,
-           s->may_move ? "and leave a CPU it shares with them" : cpus < 2 ? "one CPU: never move" : "moving off (TCCOMM_CPU_MOVE=0)");
+           s->may_move ? "and leave a CPU it shares with them"
+           : own < 2   ? "this rank may use one CPU: never move"
+                       : "moving off (TCCOMM_CPU_MOVE=0)");
 }
 
 /* Leaves the CPU this thread runs on for another one it may use: the

@@ -11,10 +11,12 @@
  *   - the peer is away for long: sleep (idle_wait.h's last phase).
  * Each rank publishes the CPU it runs on at every stage barrier
  * (tcc__cpu_now), so a waiter knows which case it is in. This holds only
- * while the group has no more ranks on this host than the rank may use
- * CPUs: beyond that, the process queued on this CPU is most likely another
- * rank of the group, and spinning would keep it from the op (the waiter
- * then yields at once, as before).
+ * while the group has no more ranks on this host than its ranks may use
+ * CPUs between them (every rank's endpoint carries its CPU set, so ranks
+ * a launcher binds to a CPU each count as one CPU each, not one in all):
+ * beyond that, the process queued on this CPU is most likely another rank
+ * of the group, and spinning would keep it from the op (the waiter then
+ * yields at once, as before).
  *
  * Two ranks that share one CPU while another process has a CPU to itself
  * only ever run one at a time: every op then costs two context switches,
@@ -42,7 +44,7 @@ int tcc__cpu_now(void);
 /* How a group's waits treat shared CPUs; set when its transport is set
  * up, read-only after. Zero (as for TCP): waiters yield, nobody moves. */
 typedef struct tcc__cpu_share {
-  bool spin_while_away; /* no more ranks on this host than CPUs allowed */
+  bool spin_while_away; /* no more ranks on this host than CPUs they may use */
   bool may_move;        /* that, and moving is not turned off */
   /* Busy polls before a wait first yields: TCC_SPINS_OWN_CPU with
    * spin_while_away, else TCC_SPINS_SHARED (zero until the transport is
@@ -57,9 +59,11 @@ typedef struct tcc__cpu_share {
 #define TCC_SPINS_OWN_CPU 300
 #define TCC_SPINS_SHARED 16
 
-/* Decides both for a group with `local_ranks` ranks on this host; `why`
- * gets a line for the log. */
-void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, char *why, size_t why_len);
+/* Decides for a group with `local_ranks` ranks on this host, which may use
+ * `cpus` CPUs between them (0: unknown; ranks bound to a CPU each have as
+ * many as there are ranks, though each may use only one); `why` gets a
+ * line for the log. Moving needs two CPUs of this thread's own. */
+void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, int cpus, char *why, size_t why_len);
 
 /* After a wait of this thread for a rank of a group with these settings:
  * `shared` when the rank was on this thread's CPU. Moves the thread to
@@ -94,6 +98,16 @@ void tcc__spin_gate_missed(tcc__spin_gate_t *g);
 
 /* How many CPUs this thread may use (its affinity; 0: unknown). */
 int tcc__cpus_allowed(void);
+
+/* The same count; sets bit c of mask (bits / 64 words) for each allowed
+ * CPU c below `bits`. */
+int tcc__cpu_mask(uint64_t *mask, int bits);
+
+/* How many CPUs n ranks may use between them, from each one's mask and
+ * count as tcc__cpu_mask gave them: the union of the masks when every
+ * mask holds its rank's whole set, else (CPUs beyond the masks) the
+ * fewest any of them may use; 0 when a count is unknown. */
+int tcc__cpus_between(const uint64_t *const *masks, const uint16_t *counts, int n, int bits);
 
 /* Moves this thread made, and the CPUs of the last one (for tests). */
 int tcc__cpu_moves(int *from, int *to);

@@ -13,6 +13,7 @@
 
 #define TCC_BLOB_MAGIC 0x74636331u /* "tcc1" */
 #define TCC_TOKEN_BYTES 16
+#define TCC_BLOB_CPU_BITS 512
 
 /* Serialized into the TCC_ENDPOINT_BLOB_SIZE bytes of tcc_endpoint_open;
  * fixed little-endian layout (all peers run the same build). */
@@ -34,6 +35,10 @@ typedef struct tcc_blob {
    * counts for a group. */
   uint8_t hier_overlap;
   uint8_t pad[7];
+  /* Which of CPUs 0 .. TCC_BLOB_CPU_BITS-1 it may use, a bit each; the
+   * whole set when their count is `cpus` (peers count the CPUs that the
+   * ranks of a machine share between them, core/cpu_share.h). */
+  uint64_t cpu_mask[TCC_BLOB_CPU_BITS / 64];
 } tcc_blob_t;
 _Static_assert(sizeof(tcc_blob_t) <= TCC_ENDPOINT_BLOB_SIZE, "blob too large");
 

@@ -35,6 +35,21 @@ tcc_result_t tcc__blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc
   return TCC_OK;
 }
 
+int tcc__blobs_cpus(const tcc_blob_t *blobs, int n, const char *boot_id) {
+  const uint64_t **masks = malloc((size_t)n * sizeof *masks);
+  uint16_t *counts = malloc((size_t)n * sizeof *counts);
+  int mates = 0;
+  for (int r = 0; masks && counts && r < n; r++) {
+    if (boot_id && strncmp(blobs[r].boot_id, boot_id, sizeof blobs[r].boot_id) != 0) continue;
+    masks[mates] = blobs[r].cpu_mask;
+    counts[mates++] = blobs[r].cpus;
+  }
+  const int cpus = masks && counts ? tcc__cpus_between(masks, counts, mates, TCC_BLOB_CPU_BITS) : 0;
+  free(masks);
+  free(counts);
+  return cpus;
+}
+
 /* Whether some two ranks share memory: then a group spanning hosts keeps
  * their traffic off the network (the hybrid transport). */
 static bool some_pair_shares(int n, const tcc_blob_t *blobs) {

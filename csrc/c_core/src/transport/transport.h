@@ -177,6 +177,9 @@ tcc_result_t tcc__transport_setup(tcc_comm_t *comm, tcc_transport_t transport, t
 tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t *err);
 /* Shared memory within each host, TCP between hosts (transport/hybrid/). */
 tcc_result_t tcc__hybrid_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs, tcc_err_t *err);
+/* How many CPUs the ranks whose blobs carry `boot_id` (NULL: all n) may
+ * use between them (core/cpu_share.h's tcc__cpus_between; 0: unknown). */
+int tcc__blobs_cpus(const tcc_blob_t *blobs, int n, const char *boot_id);
 /* Whether two ranks can map each other's shared memory (select.c). */
 bool tcc__blobs_share_shm(const tcc_blob_t *a, const tcc_blob_t *b);
 tcc_result_t tcc__tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob_t *blobs,

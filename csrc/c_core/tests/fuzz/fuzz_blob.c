@@ -1,6 +1,7 @@
 /*
  * fuzz_blob.c - the endpoint blobs every rank gathers from the store:
- * decoding (tcc__blobs_decode) and the transport choice made from them.
+ * decoding (tcc__blobs_decode), the transport choice made from them, and
+ * the CPUs their ranks may use between them (tcc__blobs_cpus).
  *
  * Input: [n-1 (1 byte)] [requested transport (1 byte)] [n blobs of
  * TCC_ENDPOINT_BLOB_SIZE bytes]. The blobs sit in a buffer of exactly that
@@ -12,6 +13,7 @@
 
 #include "fuzz.h"
 #include "core/internal.h"
+#include "transport/transport.h"
 
 #define MAX_RANKS 8
 
@@ -32,6 +34,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       assert(strnlen(blobs[r].hostname, sizeof blobs[r].hostname) < sizeof blobs[r].hostname);
       assert(strnlen(blobs[r].boot_id, sizeof blobs[r].boot_id) < sizeof blobs[r].boot_id);
     }
+    /* No more CPUs than any mask can show, nor than the most any rank counts. */
+    int most = 0;
+    for (int r = 0; r < n; r++) most = blobs[r].cpus > most ? blobs[r].cpus : most;
+    const int between = tcc__blobs_cpus(blobs, n, want & 4 ? blobs[0].boot_id : NULL);
+    assert(between >= 0 && (between <= TCC_BLOB_CPU_BITS || between <= most));
     tcc_comm_config_t cfg = {.rank = 0, .size = n, .transport = (tcc_transport_t)(want % 3)};
     tcc_transport_t t = TCC_TRANSPORT_AUTO;
     /* Hybrid only where auto chose it: some ranks share a host, not all. */

@@ -51,9 +51,9 @@ static size_t env_bytes(const char *name, size_t dflt, size_t lo, size_t hi) {
 /* Each stage gives every rank at least a cache line of the window. */
 static size_t min_window(int n) { return align_up((size_t)n * TCC_CACHELINE, 4096); }
 
-/* Rank 0's choice of the tunables: its environment and its CPUs alone
- * decide (own_cpus: no more ranks on the host than CPUs it may use), and
- * the header carries the result to every other rank. */
+/* Rank 0's choice of the tunables: its environment and its view of the
+ * CPUs decide (own_cpus: no more ranks on the host than CPUs they may use
+ * between them), and the header carries the result to every other rank. */
 static void choose_sizes(int n, bool own_cpus, uint64_t *window, uint64_t *small, uint64_t *direct) {
   size_t w = align_up(env_bytes("TCCOMM_SHM_WINDOW_BYTES", DEFAULT_WINDOW, 4096, MAX_WINDOW), 4096);
   if (w < min_window(n)) w = min_window(n);
@@ -199,7 +199,8 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   const int64_t deadline = tcc__deadline_after_ms(atomic_load(&comm->timeout_ms));
   /* Before the segment: rank 0's sizes depend on it. */
   char cpu_why[160];
-  tcc__cpu_share_init(&comm->cpu_share, comm->size, cpu_why, sizeof cpu_why);
+  tcc__cpu_share_init(&comm->cpu_share, comm->size, tcc__blobs_cpus(blobs, comm->size, NULL), cpu_why,
+                      sizeof cpu_why);
   int fd = -1;
   tcc_result_t r = comm->rank == 0 ? create_segment(comm, &id, who, st, &fd, err)
                                    : open_segment(comm, &id, deadline, who, st, &fd, err);

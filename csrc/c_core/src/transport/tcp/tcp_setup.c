@@ -73,7 +73,7 @@ tcc_result_t tcc_endpoint_open(const char *advertise_addr, tcc_endpoint_t **ep_o
   tcc__host_identity(ep->blob.hostname, ep->blob.boot_id);
   tcc__shm_identity(&ep->blob.shm_dev, &ep->blob.shm_ino);
   ep->blob.hier_overlap = hier_overlap;
-  const int cpus = tcc__cpus_allowed();
+  const int cpus = tcc__cpu_mask(ep->blob.cpu_mask, TCC_BLOB_CPU_BITS);
   ep->blob.cpus = (uint16_t)(cpus > UINT16_MAX ? UINT16_MAX : cpus);
   memset(blob_out, 0, TCC_ENDPOINT_BLOB_SIZE);
   memcpy(blob_out, &ep->blob, sizeof(ep->blob));
@@ -411,7 +411,7 @@ static void share_cpus_with_machine_mates(tcc_comm_t *comm, const tcc_blob_t *bl
   for (int q = 0; q < comm->size; q++)
     mates += strncmp(blobs[q].boot_id, mine, sizeof blobs[q].boot_id) == 0;
   char why[160];
-  tcc__cpu_share_init(&comm->cpu_share, mates, why, sizeof why);
+  tcc__cpu_share_init(&comm->cpu_share, mates, tcc__blobs_cpus(blobs, comm->size, mine), why, sizeof why);
   TCC_LOG_INFO(comm->rank, "communicator '%s' over TCP: %s", comm->name, why);
 }
 
