@@ -269,7 +269,8 @@ static void test_cpus_between(void) {
   uint64_t a[BITS / 64] = {0x1}, b[BITS / 64] = {0x2}, ab[BITS / 64] = {0x3}, high[BITS / 64] = {0, 0x1};
   const uint64_t *apart[] = {a, b}, *same[] = {a, a}, *nested[] = {ab, b}, *spread[] = {a, high};
   const uint16_t ones[] = {1, 1}, two_one[] = {2, 1}, past[] = {1, 3}, unknown[] = {1, 0};
-  CHECK(tcc__cpus_between(apart, ones, 2, BITS) == 2, "bound to CPUs 0 and 1: %d", tcc__cpus_between(apart, ones, 2, BITS));
+  CHECK(tcc__cpus_between(apart, ones, 2, BITS) == 2, "bound to CPUs 0 and 1: %d",
+        tcc__cpus_between(apart, ones, 2, BITS));
   CHECK(tcc__cpus_between(same, ones, 2, BITS) == 1, "both on CPU 0: %d", tcc__cpus_between(same, ones, 2, BITS));
   CHECK(tcc__cpus_between(nested, two_one, 2, BITS) == 2, "{0,1} and {1}: %d",
         tcc__cpus_between(nested, two_one, 2, BITS));

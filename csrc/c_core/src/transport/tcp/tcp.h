@@ -4,6 +4,7 @@
  * tcp_setup.c   endpoint (listening socket + blob) and the full-mesh setup
  * tcp_p2p.c     point-to-point byte streams, wakeups, teardown, ops table
  * tcp_streams.c the collective connections as byte streams for coll/
+ * tcp_congestion.c the congestion control each connection sends with
  *
  * Every pair of ranks has two connections: one carries only collectives
  * (used by the engine's collective thread), the other only point-to-point
@@ -55,6 +56,19 @@ typedef struct tcp_state {
    * which two threads may enter at once, keeps its own */
   struct pollfd *coll_pfd;
 } tcp_state_t;
+
+/* tcp_congestion.c: TCCOMM_TCP_CONGESTION, read once per setup. */
+typedef struct tcp_congestion {
+  bool system_only; /* "system": no connection is changed */
+  char name[16];    /* the one named for every connection ("": the default policy) */
+} tcp_congestion_t;
+/* Reads the setting; a name is tried on probe_fd (a TCP socket of this
+ * process), and one the kernel refuses is a TCC_ERR_INVALID naming what
+ * it offers. */
+tcc_result_t tcc__tcp_congestion_choose(tcp_congestion_t *cc, int probe_fd, tcc_err_t *err);
+/* Sets a connection's congestion control: the named one, or, by default,
+ * reno when the peer runs on this machine. */
+void tcc__tcp_congestion_apply(const tcp_congestion_t *cc, int fd, bool same_machine);
 
 /* tcp_p2p.c. The p2p functions of the table are also the hybrid
  * transport's, whose point-to-point traffic is TCP's. */

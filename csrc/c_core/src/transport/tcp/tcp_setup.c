@@ -121,6 +121,7 @@ typedef struct mesh {
   int nin, in_cap;
   bool *claimed;        /* [2 * n]: an incoming hello took (peer, chan) */
   int connected, needed;
+  tcp_congestion_t congestion;
   struct pollfd *pfd;
   conn_t **pfd_conn;    /* NULL: the listening socket */
 } mesh_t;
@@ -186,6 +187,9 @@ static int move_msg(conn_t *c, bool sending, int *errnum) {
 }
 
 static void conn_finish(mesh_t *m, conn_t *c) {
+  const tcc_blob_t *mine = &m->blobs[m->st->me], *theirs = &m->blobs[c->peer];
+  tcc__tcp_congestion_apply(&m->congestion, c->fd,
+                            strncmp(mine->boot_id, theirs->boot_id, sizeof mine->boot_id) == 0);
   chan_fds(m->st, c->chan)[c->peer] = c->fd;
   tcc__fd_close_on_fork(c->fd);
   c->fd = -1;
@@ -441,10 +445,11 @@ tcc_result_t tcc__tcp_setup(tcc_comm_t *comm, tcc_endpoint_t *ep, const tcc_blob
   m.claimed = calloc((size_t)(2 * n), sizeof(bool));
   m.pfd = calloc((size_t)max_pfd, sizeof(struct pollfd));
   m.pfd_conn = calloc((size_t)max_pfd, sizeof(conn_t *));
-  tcc_result_t r = TCC_OK;
-  if (!m.out || !m.in || !m.claimed || !m.pfd || !m.pfd_conn) {
+  tcc_result_t r = tcc__tcp_congestion_choose(&m.congestion, ep->listen_fd, err);
+  if (r != TCC_OK) tcc__err_prefix(err, r, "tcp setup of communicator '%s' rank %d: ", comm->name, me);
+  if (r == TCC_OK && (!m.out || !m.in || !m.claimed || !m.pfd || !m.pfd_conn))
     r = tcc__err_set(err, TCC_ERR_SYSTEM, "tcp setup: out of memory");
-  } else {
+  if (r == TCC_OK) {
     for (int i = 0; i < 2 * me; i++)
       m.out[i] = (conn_t){.fd = -1, .peer = i / 2, .chan = i % 2, .outgoing = true,
                           .phase = C_IDLE};
