@@ -259,42 +259,51 @@ static void test_p2p(tcc_comm_t *comm) {
   free(b);
 }
 
-/* Many small messages (1 to 1024 bytes, each written with its header at
- * once) issued before any is received: more bytes than a shared-memory
- * ring holds (1 MiB), so writes stop part-way through a message and go on
- * later. Every message arrives whole, in order, with its own tag. */
+/* Many messages issued before any is received: mostly 1 to 1024 bytes,
+ * every tenth up to 70000 bytes (either side of the size up to which a
+ * header and its payload go out in one gathered write). More bytes than a
+ * shared-memory ring (1 MiB) or a socket's buffers hold, so writes stop
+ * part-way through a message, within its header, its payload or between
+ * the two, and go on later. Every message arrives whole, in order, with
+ * its own tag. */
+enum { MANY_MESSAGES = 2500 };
+
+static size_t many_len(int i) { return i % 10 == 9 ? 1 + (size_t)(i * 7919) % 70000 : 1 + (size_t)(i * 37) % 1024; }
+
 static void test_p2p_many_small(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   if (n < 2) return;
   const int next = (me + 1) % n, prev = (me + n - 1) % n;
-  enum { MESSAGES = 2500, MAX_BYTES = 1024 };
-  unsigned char *out = malloc((size_t)MESSAGES * MAX_BYTES), *in = malloc((size_t)MESSAGES * MAX_BYTES);
-  tcc_op_t **sends = calloc(MESSAGES, sizeof *sends), **recvs = calloc(MESSAGES, sizeof *recvs);
+  size_t *at = malloc((MANY_MESSAGES + 1) * sizeof *at);
+  CHECK(at != NULL, "out of memory");
+  if (!at) return;
+  at[0] = 0;
+  for (int i = 0; i < MANY_MESSAGES; i++) at[i + 1] = at[i] + many_len(i);
+  unsigned char *out = malloc(at[MANY_MESSAGES]), *in = malloc(at[MANY_MESSAGES]);
+  tcc_op_t **sends = calloc(MANY_MESSAGES, sizeof *sends), **recvs = calloc(MANY_MESSAGES, sizeof *recvs);
   CHECK(out && in && sends && recvs, "out of memory");
   if (!out || !in || !sends || !recvs) return;
-  for (int i = 0; i < MESSAGES; i++) {
-    const size_t len = 1 + (size_t)(i * 37) % MAX_BYTES;
-    unsigned char *m = out + (size_t)i * MAX_BYTES;
-    for (size_t k = 0; k < len; k++) m[k] = (unsigned char)(me * 31 + i * 7 + (int)k);
-    CHECK(tcc_send(comm, host_buf(m, len, TCC_UINT8), next, (uint64_t)i, NULL, &sends[i]) == TCC_OK, "send %d", i);
+  for (int i = 0; i < MANY_MESSAGES; i++) {
+    unsigned char *m = out + at[i];
+    for (size_t k = 0; k < many_len(i); k++) m[k] = (unsigned char)(me * 31 + i * 7 + (int)k);
+    CHECK(tcc_send(comm, host_buf(m, many_len(i), TCC_UINT8), next, (uint64_t)i, NULL, &sends[i]) == TCC_OK,
+          "send %d", i);
   }
-  memset(in, 0, (size_t)MESSAGES * MAX_BYTES);
-  for (int i = 0; i < MESSAGES; i++) {
-    const size_t len = 1 + (size_t)(i * 37) % MAX_BYTES;
-    CHECK(tcc_recv(comm, host_buf(in + (size_t)i * MAX_BYTES, len, TCC_UINT8), prev, (uint64_t)i, NULL, &recvs[i]) == TCC_OK,
+  memset(in, 0, at[MANY_MESSAGES]);
+  for (int i = 0; i < MANY_MESSAGES; i++)
+    CHECK(tcc_recv(comm, host_buf(in + at[i], many_len(i), TCC_UINT8), prev, (uint64_t)i, NULL, &recvs[i]) == TCC_OK,
           "recv %d", i);
-  }
   size_t bad = 0;
-  for (int i = 0; i < MESSAGES; i++) {
+  for (int i = 0; i < MANY_MESSAGES; i++) {
     CHECK(tcc_op_wait(recvs[i], -1) == TCC_OK, "recv %d: %s", i, tcc_op_error(recvs[i]));
     CHECK(tcc_op_wait(sends[i], -1) == TCC_OK, "send %d: %s", i, tcc_op_error(sends[i]));
     tcc_op_release(recvs[i]);
     tcc_op_release(sends[i]);
-    const size_t len = 1 + (size_t)(i * 37) % MAX_BYTES;
-    const unsigned char *m = in + (size_t)i * MAX_BYTES;
-    for (size_t k = 0; k < len; k++) bad += m[k] != (unsigned char)(prev * 31 + i * 7 + (int)k);
+    const unsigned char *m = in + at[i];
+    for (size_t k = 0; k < many_len(i); k++) bad += m[k] != (unsigned char)(prev * 31 + i * 7 + (int)k);
   }
-  CHECK(bad == 0, "many small p2p messages: %zu bytes wrong", bad);
+  CHECK(bad == 0, "many p2p messages issued at once: %zu bytes wrong", bad);
+  free(at);
   free(out);
   free(in);
   free(sends);

@@ -219,7 +219,7 @@ static void corrupt_p2p_stream(tcc_comm_t *comm) {
     tcc_err_t err = {TCC_OK, {0}};
     size_t sent = 0;
     while (sent < sizeof f) {
-      ssize_t n = comm->ops->p2p_write(comm, 0, (const char *)&f + sent, sizeof f - sent, &err);
+      ssize_t n = comm->ops->p2p_write(comm, 0, &(struct iovec){(char *)&f + sent, sizeof f - sent}, 1, &err);
       CHECK(n >= 0, "writing the damaged header: %s", err.msg);
       sent += (size_t)(n > 0 ? n : 0);
     }

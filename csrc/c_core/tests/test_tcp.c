@@ -673,7 +673,7 @@ static void test_p2p(rank_ctx_t *t) {
       if (j == t->rank) continue;
       ssize_t k;
       while (sent[j] < p2p_len(t->rank) &&
-             (k = ops->p2p_write(comm, j, out[j] + sent[j], p2p_len(t->rank) - sent[j], &err)) > 0)
+             (k = ops->p2p_write(comm, j, &(struct iovec){out[j] + sent[j], p2p_len(t->rank) - sent[j]}, 1, &err)) > 0)
         sent[j] += (size_t)k;
       while (got[j] < p2p_len(j) &&
              (k = ops->p2p_read(comm, j, in[j] + got[j], p2p_len(j) - got[j], &err)) > 0)

@@ -4,6 +4,8 @@
 #ifndef TCC_TRANSPORT_TRANSPORT_H
 #define TCC_TRANSPORT_TRANSPORT_H
 
+#include <sys/uio.h>
+
 #include "core/internal.h"
 
 /* ---- what a transport offers the collective algorithms (coll/) ------ */
@@ -88,8 +90,10 @@ typedef struct tcc_transport_ops {
   const tcc__stream_ops_t *streams;  /* NULL when not offered */
   /* Non-blocking point-to-point byte stream to / from `peer`. Return
    * bytes moved (0 when nothing can move now) or -1 with err set when the
-   * channel failed. */
-  ssize_t (*p2p_write)(tcc_comm_t *comm, int peer, const void *buf, size_t len,
+   * channel failed. A write gathers its iovcnt parts, in order, as one
+   * (a message's header and payload: one system call, or one update of a
+   * ring's head); it may take a prefix of them. */
+  ssize_t (*p2p_write)(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt,
                        tcc_err_t *err);
   ssize_t (*p2p_read)(tcc_comm_t *comm, int peer, void *buf, size_t len,
                       tcc_err_t *err);

@@ -31,7 +31,7 @@ tcc_result_t tcc__hybrid_cross_attach(tcc_comm_t *view, tcc_comm_t *group, tcc_e
  * wake it. start: after the views; stop: before the views go (also takes
  * a half-made state or NULL). */
 typedef struct tcc__hybrid_p2p tcc__hybrid_p2p_t;
-ssize_t tcc__hybrid_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err);
+ssize_t tcc__hybrid_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt, tcc_err_t *err);
 ssize_t tcc__hybrid_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
 void tcc__hybrid_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
 tcc_result_t tcc__hybrid_p2p_start(tcc_comm_t *comm, tcc_err_t *err);

@@ -28,10 +28,10 @@ static int local_peer(const tcc_comm_t *comm, int peer) {
   return t->local && peer >= 0 && peer < comm->size && t->host_of[peer] == t->host ? t->local_index[peer] : -1;
 }
 
-ssize_t tcc__hybrid_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err) {
+ssize_t tcc__hybrid_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt, tcc_err_t *err) {
   const int lp = local_peer(comm, peer);
-  return lp >= 0 ? tcc__shm_p2p_write(comm->topo->local, lp, buf, len, err)
-                 : tcc__tcp_p2p_write(comm, peer, buf, len, err);
+  return lp >= 0 ? tcc__shm_p2p_write(comm->topo->local, lp, iov, iovcnt, err)
+                 : tcc__tcp_p2p_write(comm, peer, iov, iovcnt, err);
 }
 
 ssize_t tcc__hybrid_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err) {

@@ -138,7 +138,7 @@ tcc_result_t tcc__shm_check_header(const shm_header_t *h, int n, size_t bytes, c
 extern const tcc__spans_ops_t tcc__shm_spans;
 
 /* shm_p2p.c: the point-to-point rings. */
-ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err);
+ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt, tcc_err_t *err);
 ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
 int tcc__shm_peer_cpu(tcc_comm_t *comm, int peer);
 void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);

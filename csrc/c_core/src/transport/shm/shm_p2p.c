@@ -31,8 +31,20 @@ int tcc__shm_peer_cpu(tcc_comm_t *comm, int peer) {
   return atomic_load_explicit(&shm_ctrl(shm_of(comm), peer)->cpu, memory_order_relaxed);
 }
 
-ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err) {
+/* Copies len bytes into the ring from position `at` on, wrapping at cap. */
+static void ring_put(shm_ring_t *ring, size_t cap, size_t at, const char *src, size_t len) {
+  if (len <= cap - at) {
+    tcc__copy(ring->data + at, src, len);
+    return;
+  }
+  tcc__copy(ring->data + at, src, cap - at);
+  tcc__copy(ring->data, src + (cap - at), len - (cap - at));
+}
+
+ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt, tcc_err_t *err) {
   shm_state_t *st = shm_of(comm);
+  size_t len = 0;
+  for (int i = 0; i < iovcnt; i++) len += iov[i].iov_len;
   /* Bytes for a peer that is gone would never be read. */
   if (tcc__shm_peer_check(comm, st, peer, false, "point-to-point stream", err) != TCC_OK) return -1;
   shm_ring_t *ring = shm_ring_of(st, comm->rank, peer);
@@ -49,10 +61,15 @@ ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t l
   }
   size_t n = len < space ? len : space;
   if (n == 0) return 0;
-  size_t at = (size_t)(head % cap);
-  size_t first = n < cap - at ? n : cap - at;
-  tcc__copy(ring->data + at, buf, first);
-  tcc__copy(ring->data, (const char *)buf + first, n - first);
+  size_t at = (size_t)(head % cap), left = n;
+  for (int i = 0; i < iovcnt && left > 0; i++) {
+    const size_t k = iov[i].iov_len < left ? iov[i].iov_len : left;
+    ring_put(ring, cap, at, iov[i].iov_base, k);
+    at += k;
+    if (at >= cap) at -= cap;
+    left -= k;
+  }
+  /* One head update for all the parts: the reader sees them together. */
   atomic_store_explicit(&ring->head, head + n, memory_order_seq_cst);
   ring_doorbell(st, peer);
   publish_cpu(comm, st);

@@ -75,7 +75,7 @@ void tcc__tcp_congestion_apply(const tcp_congestion_t *cc, int fd, bool same_mac
 extern const tcc_transport_ops_t tcc__tcp_transport_ops;
 /* The transport's `failed`: ends every connection when announcing. */
 void tcc__tcp_failed(tcc_comm_t *comm, bool announce);
-ssize_t tcc__tcp_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len, tcc_err_t *err);
+ssize_t tcc__tcp_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt, tcc_err_t *err);
 ssize_t tcc__tcp_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
 void tcc__tcp_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
 void tcc__tcp_p2p_notify(tcc_comm_t *comm);

@@ -83,13 +83,16 @@ static ssize_t p2p_failed(tcc_comm_t *comm, int peer, const char *how, int errnu
   return -1;
 }
 
-ssize_t tcc__tcp_p2p_write(tcc_comm_t *comm, int peer, const void *buf, size_t len,
+ssize_t tcc__tcp_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt,
                              tcc_err_t *err) {
   int fd = p2p_fd_of(comm, peer, err);
   if (fd < 0) return -1;
+  size_t len = 0;
+  for (int i = 0; i < iovcnt; i++) len += iov[i].iov_len;
   if (len == 0) return 0;
+  struct msghdr msg = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
   for (;;) {
-    ssize_t k = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t k = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k >= 0) return k;
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
