@@ -798,6 +798,139 @@ static void machines_group(rank_ctx_t *t) {
   teardown(t);
 }
 
+/* ---- the collective streams' read-ahead (tcp_streams.c) -------------- */
+
+static uint8_t stream_byte(size_t off) { return (uint8_t)(off * 7 + off / 4093); }
+
+/* How rank 1 cuts the stream into sends, and rank 0 into receives: sizes
+ * on both sides of the read-ahead's 4 KiB, cut differently, so receives
+ * start and end inside what was read ahead, and take it with bytes still
+ * in the socket. */
+static const size_t send_cuts[] = {40, 2048, 1, 4096, 4095, 70000, 3, 4097, 40, 100, 200000, 12};
+static const size_t recv_cuts[] = {16, 24, 1, 4000, 2047, 5000, 4096, 1, 65536, 300, 4097, 7, 90000};
+#define STREAM_BYTES (40 + 2048 + 1 + 4096 + 4095 + 70000 + 3 + 4097 + 40 + 100 + 200000 + 12)
+
+/* Receives exactly len bytes from peer into dst (false: failed, reported). */
+static bool stream_take(rank_ctx_t *t, int peer, uint8_t *dst, size_t len) {
+  const tcc__stream_ops_t *io = t->comm->ops->streams;
+  while (len > 0) {
+    short ev = POLLIN, rev = 0;
+    int rc = io->poll(t->comm, 1, &peer, &ev, &rev, 20000);
+    CHECK(rc == 1 && (rev & POLLIN), "rank %d: poll for bytes from %d: rc %d revents 0x%x", t->rank, peer, rc, rev);
+    if (rc != 1) return false;
+    ssize_t k = io->recv(t->comm, peer, dst, len);
+    if (k < 0 && errno == EAGAIN) continue;
+    CHECK(k > 0, "rank %d: recv from %d: %zd (%s)", t->rank, peer, k, strerror(errno));
+    if (k <= 0) return false;
+    dst += k;
+    len -= (size_t)k;
+  }
+  return true;
+}
+
+static void stream_give(rank_ctx_t *t, int peer, const uint8_t *src, size_t len) {
+  const tcc__stream_ops_t *io = t->comm->ops->streams;
+  while (len > 0) {
+    short ev = POLLOUT, rev = 0;
+    io->poll(t->comm, 1, &peer, &ev, &rev, 1000);
+    ssize_t k = io->send(t->comm, peer, src, len);
+    if (k < 0 && errno == EAGAIN) continue;
+    CHECK(k > 0, "rank %d: send to %d: %s", t->rank, peer, strerror(errno));
+    if (k <= 0) return;
+    src += k;
+    len -= (size_t)k;
+  }
+}
+
+/* Rank 1 sends a known byte stream in pieces, now and then pausing so a
+ * piece arrives alone; rank 0 takes it in other pieces and checks every
+ * byte; none may be lost, repeated or reordered by what was read ahead.
+ * Then: bytes read ahead make the stream readable at once, none left
+ * means not readable, and the end of the stream shows only once the bytes
+ * before it are taken. */
+static void streams_group(rank_ctx_t *t) {
+  tcc_endpoint_t *ep = publish_endpoint(t);
+  if (!ep) return;
+  barrier(t);
+  tcc_err_t err;
+  tcc_result_t r = setup(t, ep, 10000, &err);
+  CHECK(r == TCC_OK, "rank %d: setup: %s", t->rank, err.msg);
+  if (r != TCC_OK) return;
+  const tcc__stream_ops_t *io = t->comm->ops->streams;
+  const int peer = 1 - t->rank;
+  uint8_t *bytes = malloc(STREAM_BYTES);
+  if (t->rank == 1) {
+    for (size_t i = 0; i < STREAM_BYTES; i++) bytes[i] = stream_byte(i);
+    size_t at = 0;
+    for (size_t c = 0; c < sizeof send_cuts / sizeof *send_cuts; c++) {
+      stream_give(t, peer, bytes + at, send_cuts[c]);
+      at += send_cuts[c];
+      if (c % 3 == 2) usleep(2000);
+    }
+    CHECK(at == STREAM_BYTES, "the cuts add up");
+    barrier(t);
+    uint8_t more[100];
+    for (size_t i = 0; i < sizeof more; i++) more[i] = (uint8_t)(i ^ 0x5a);
+    stream_give(t, peer, more, sizeof more);
+    barrier(t); /* rank 0 has taken them: nothing more comes until the next barrier */
+    barrier(t);
+    stream_give(t, peer, more, 50); /* and then the end of the stream */
+    shutdown(((tcp_state_t *)t->comm->transport_state)->coll_fd[peer], SHUT_WR);
+  } else {
+    memset(bytes, 0, STREAM_BYTES);
+    size_t at = 0;
+    for (size_t c = 0; at < STREAM_BYTES; c = (c + 1) % (sizeof recv_cuts / sizeof *recv_cuts)) {
+      size_t len = recv_cuts[c] < STREAM_BYTES - at ? recv_cuts[c] : STREAM_BYTES - at;
+      if (!stream_take(t, peer, bytes + at, len)) break;
+      at += len;
+    }
+    for (size_t i = 0; i < STREAM_BYTES; i++)
+      if (bytes[i] != stream_byte(i)) {
+        CHECK(0, "rank 0: stream byte %zu is %u, want %u", i, bytes[i], stream_byte(i));
+        break;
+      }
+    barrier(t);
+    uint8_t more[100];
+    CHECK(stream_take(t, peer, more, 10), "the first 10 bytes after the barrier");
+    /* The other 90 sit read ahead, the socket empty, and the sender waits
+     * at the barrier: poll must say they are there without waiting (it
+     * would time out after 20 s and fail). */
+    CHECK(stream_take(t, peer, more + 10, 90), "the other 90 bytes");
+    for (size_t i = 0; i < sizeof more; i++)
+      if (more[i] != (uint8_t)(i ^ 0x5a)) {
+        CHECK(0, "rank 0: byte %zu after the barrier is wrong", i);
+        break;
+      }
+    barrier(t);
+    short ev = POLLIN, rev = 0;
+    CHECK(io->poll(t->comm, 1, &peer, &ev, &rev, 0) == 0 && rev == 0, "rank 0: nothing left, yet readable");
+    uint8_t one;
+    errno = 0;
+    CHECK(io->recv(t->comm, peer, &one, 1) == -1 && errno == EAGAIN, "rank 0: a byte that was never sent");
+    barrier(t);
+    /* 50 bytes, then the end: the end shows only after all 50, even when
+     * the socket had it while some of them were still read ahead. */
+    CHECK(stream_take(t, peer, more, 10), "the first 10 of the last 50 bytes");
+    size_t tail = 0;
+    ssize_t k;
+    while (tail <= 40) {
+      CHECK(io->poll(t->comm, 1, &peer, &ev, &rev, 20000) == 1, "rank 0: the end of the stream is not seen");
+      k = io->recv(t->comm, peer, more + 10 + tail, sizeof more - 10 - tail);
+      if (k <= 0) break;
+      tail += (size_t)k;
+    }
+    CHECK(tail == 40 && k == 0, "rank 0: %zu bytes before the end of the stream (want 40), then %zd", tail, k);
+    for (size_t i = 0; i < 50; i++)
+      if (more[i] != (uint8_t)(i ^ 0x5a)) {
+        CHECK(0, "rank 0: byte %zu of the last 50 is wrong", i);
+        break;
+      }
+  }
+  free(bytes);
+  barrier(t);
+  teardown(t);
+}
+
 /* Rank 2 publishes its endpoint but never sets up. */
 static void setup_timeout_group(rank_ctx_t *t) {
   tcc_endpoint_t *ep = publish_endpoint(t);
@@ -859,6 +992,7 @@ int main(void) {
     snprintf(what, sizeof what, "waits: %d machine(s)", machines_of_group);
     failed += run_group(what, MAXN, machines_group);
   }
+  failed += run_group("streams: read-ahead", 2, streams_group);
   failed += run_group("setup: missing rank", 3, setup_timeout_group);
   failed += run_group("setup: connection refused", 2, setup_refused_group);
   CHECK(failed == 0, "%d rank(s) failed", failed);

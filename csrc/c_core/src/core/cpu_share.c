@@ -127,12 +127,23 @@ void tcc__cpu_share_after_wait(const tcc__cpu_share_t *s, bool shared) {
   move_off_this_cpu();
 }
 
-/* Whether this thread was preempted since it last asked: another thread
+/* Whether this thread was preempted since it last looked: another thread
  * ran on its CPU while it could have. (Weighing the time it lost as well
  * measured no better: 8 B allreduces over TCP with a core busy took 100 us
- * backing off only after 50 us or more lost, 66 us after any preemption.) */
+ * backing off only after 50 us or more lost, 66 us after any preemption.)
+ * It looks at most once per PREEMPTION_LOOK_NS: the count it reads
+ * (getrusage, about 0.2 us here) keeps every preemption until the next
+ * look, and a small op over TCP takes 6 us, of which the look was one
+ * system call in seven. A look deferred that long comes well inside the
+ * scheduler's tick (a busy process takes the CPU back every few ms). */
+#define PREEMPTION_LOOK_NS (50 * 1000LL)
+
 static bool thread_preempted(void) {
   static _Thread_local long seen;
+  static _Thread_local int64_t looked_ns;
+  const int64_t now = tcc__now_ns();
+  if (now - looked_ns < PREEMPTION_LOOK_NS) return false;
+  looked_ns = now;
   struct rusage ru;
   if (getrusage(RUSAGE_THREAD, &ru) != 0) return false;
   const bool more = ru.ru_nivcsw > seen;

@@ -55,7 +55,15 @@ typedef struct tcp_state {
   /* poll scratch of the collectives (one runner at a time); p2p_wait,
    * which two threads may enter at once, keeps its own */
   struct pollfd *coll_pfd;
+  struct tcp_ahead *coll_ahead; /* [n] what was read from each collective stream and not yet taken (tcp_streams.c) */
 } tcp_state_t;
+
+/* Bytes read from a collective stream ahead of the reader's asking, kept
+ * until it asks (its buffer made at the first small read). */
+typedef struct tcp_ahead {
+  uint8_t *buf;
+  uint32_t pos, len; /* buf[pos, len) is unread */
+} tcp_ahead_t;
 
 /* tcp_congestion.c: TCCOMM_TCP_CONGESTION, read once per setup. */
 typedef struct tcp_congestion {

@@ -26,7 +26,8 @@ tcp_state_t *tcc__tcp_state_new(int n, int me, tcc_err_t *err) {
   st->p2p_fd = malloc((size_t)n * sizeof(int));
   st->p2p_dead = calloc((size_t)n, sizeof(atomic_bool));
   st->coll_pfd = calloc((size_t)n, sizeof(struct pollfd));
-  if (!st->coll_fd || !st->p2p_fd || !st->p2p_dead || !st->coll_pfd) goto nomem;
+  st->coll_ahead = calloc((size_t)n, sizeof(tcp_ahead_t));
+  if (!st->coll_fd || !st->p2p_fd || !st->p2p_dead || !st->coll_pfd || !st->coll_ahead) goto nomem;
   for (int j = 0; j < n; j++) {
     st->coll_fd[j] = st->p2p_fd[j] = -1;
     atomic_init(&st->p2p_dead[j], false);
@@ -50,12 +51,14 @@ void tcc__tcp_state_free(tcp_state_t *st) {
   for (int j = 0; j < st->n; j++) {
     if (st->coll_fd && st->coll_fd[j] >= 0) tcc__fd_close(st->coll_fd[j]);
     if (st->p2p_fd && st->p2p_fd[j] >= 0) tcc__fd_close(st->p2p_fd[j]);
+    if (st->coll_ahead) free(st->coll_ahead[j].buf);
   }
   tcc__fd_close(st->wake_fd);
   free(st->coll_fd);
   free(st->p2p_fd);
   free(st->p2p_dead);
   free(st->coll_pfd);
+  free(st->coll_ahead);
   free(st);
 }
 
