@@ -73,6 +73,14 @@ static tcc_result_t first_stage_sync(tcc_comm_t *comm, staged_t *st, const tcc_c
   return tcc__coll_desc_check(comm, c, st->sc->descs, err);
 }
 
+/* Right after a barrier: the spans the next op will likely write, taken
+ * back from the peers ahead of it (see tcc__spans_ops_t.prefetch_writes).
+ * Ops in a loop tend to be alike, so this op's `input_bytes` (what it
+ * staged in its input span) is the guess. */
+static void prefetch_next_op(staged_t *st, size_t input_bytes) {
+  st->sp->prefetch_writes(st->comm, next_parity(st), input_bytes);
+}
+
 /* ---- data movement ---------------------------------------------------- */
 
 /* This rank's stream: what the others read from it. */
@@ -205,10 +213,15 @@ static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_
   int parity = next_parity(st);
   char *desc = desc_of(st, me, parity);
   tcc__coll_desc_fill_short(c, seq, n, desc);
-  if (tcc__direct_publish(comm, c, desc, st->sc->pieces, np, my_len, stream_bound(comm, c, es)))
-    copy_stream(stream_span(st, me, parity, my_len), st->sc->pieces, np, 0, min_sz(my_len, W));
+  size_t staged_in = 0; /* bytes of the input span written */
+  if (tcc__direct_publish(comm, c, desc, st->sc->pieces, np, my_len, stream_bound(comm, c, es))) {
+    char *span = stream_span(st, me, parity, my_len);
+    copy_stream(span, st->sc->pieces, np, 0, min_sz(my_len, W));
+    if (span == in_of(st, me, parity)) staged_in = min_sz(my_len, W);
+  }
   tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
   if (r != TCC_OK) return r;
+  prefetch_next_op(st, staged_in);
 
   size_t longest = 0;
   for (int j = 0; j < n; j++) {
@@ -265,9 +278,11 @@ static tcc_result_t reduce_one_shot(tcc_comm_t *comm, staged_t *st, const tcc_co
   const int parity = next_parity(st);
   tcc__coll_desc_fill(c, seq, n, desc_of(st, me, parity));
   /* An empty tensor may have no data pointer. */
-  if (bytes) tcc__copy(one_shot_in(st, me, parity, bytes), c->send, bytes);
+  char *in = one_shot_in(st, me, parity, bytes);
+  if (bytes) tcc__copy(in, c->send, bytes);
   tcc_result_t r = first_stage_sync(comm, st, c, parity, seq, deadline, err);
   if (r != TCC_OK) return r;
+  prefetch_next_op(st, in == in_of(st, me, parity) ? bytes : 0);
   if (c->kind == TCC_COLL_ALLREDUCE || me == c->root) {
     for (int j = 0; j < n; j++) st->sc->srcs[j] = one_shot_in(st, j, parity, bytes);
     tcc__reduce_n(c->recv, st->sc->srcs, n, c->count, c->dtype, c->redop, c->premul);

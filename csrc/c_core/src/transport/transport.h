@@ -36,6 +36,12 @@ typedef struct tcc__spans_ops {
    * communicator failed. */
   tcc_result_t (*barrier)(tcc_comm_t *comm, int64_t deadline_ns, const char *what, uint64_t seq,
                           tcc_err_t *err);
+  /* A hint, called right after a barrier: this rank will soon write its
+   * descriptor and the first `bytes` of its input span of `parity` again.
+   * The peers are done reading them (the stage rule), so the lines may be
+   * taken back into this rank's cache now, while it has other work, instead
+   * of one by one when the next stage writes them. Changes no result. */
+  void (*prefetch_writes)(tcc_comm_t *comm, int parity, size_t bytes);
   /* Single-copy movement: bytes go straight from another rank's own
    * memory into this rank's, one copy instead of two through the windows.
    * direct_bytes: this rank's own verdict, SIZE_MAX when it cannot read

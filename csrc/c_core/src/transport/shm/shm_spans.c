@@ -131,6 +131,30 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
   return r;
 }
 
+/* How much of the input span prefetch_writes takes ahead at most: the
+ * small ops whose time the lines' trips are; larger ones are bandwidth. */
+#define PREFETCH_WRITES_MAX_BYTES 4096
+
+/* Asks for the line at p in this CPU's cache, writable (a hint, never a
+ * fault). The peer that read it last gives its copy up now, not when the
+ * write comes: a write to a line another CPU holds waits for that, and
+ * the barrier's arrival store waits for every such write before it. */
+static inline void prefetch_for_write(const char *p) {
+#if defined(__x86_64__)
+  __asm__ volatile("prefetchw %0" ::"m"(*p)); /* a no-op on CPUs without it */
+#else
+  __builtin_prefetch(p, 1, 3);
+#endif
+}
+
+static void prefetch_writes(tcc_comm_t *comm, int parity, size_t bytes) {
+  shm_state_t *st = shm_of(comm);
+  prefetch_for_write((const char *)shm_arrival(st, comm->rank, parity)); /* the descriptor's line */
+  const char *in = shm_in(st, comm->rank, parity);
+  if (bytes > PREFETCH_WRITES_MAX_BYTES) bytes = PREFETCH_WRITES_MAX_BYTES;
+  for (size_t off = 0; off < bytes; off += TCC_CACHELINE) prefetch_for_write(in + off);
+}
+
 static size_t window_bytes(tcc_comm_t *comm) { return shm_of(comm)->window; }
 static size_t one_shot_bytes(tcc_comm_t *comm) { return shm_of(comm)->small_bytes; }
 static char *desc_span(tcc_comm_t *comm, int rank, int parity) { return shm_desc(shm_of(comm), rank, parity); }
@@ -152,6 +176,7 @@ const tcc__spans_ops_t tcc__shm_spans = {
     .result = result_span,
     .next_parity = next_parity,
     .barrier = stage_barrier,
+    .prefetch_writes = prefetch_writes,
     .direct_bytes = direct_bytes,
     .direct_agreed_bytes = direct_agreed_bytes,
     .peer_read = tcc__shm_peer_read,
