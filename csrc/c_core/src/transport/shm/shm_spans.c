@@ -149,7 +149,11 @@ static inline void prefetch_for_write(const char *p) {
 
 static void prefetch_writes(tcc_comm_t *comm, int parity, size_t bytes) {
   shm_state_t *st = shm_of(comm);
-  prefetch_for_write((const char *)shm_arrival(st, comm->rank, parity)); /* the descriptor's line */
+  /* The whole descriptor slot: past its first line lie an all-to-all's
+   * count lists and the single-copy block (written by every all-to-all,
+   * since its longest stream is not known before the barrier). */
+  const char *slot = (const char *)shm_arrival(st, comm->rank, parity);
+  for (size_t off = 0; off < st->hdr->desc_stride; off += TCC_CACHELINE) prefetch_for_write(slot + off);
   const char *in = shm_in(st, comm->rank, parity);
   if (bytes > PREFETCH_WRITES_MAX_BYTES) bytes = PREFETCH_WRITES_MAX_BYTES;
   for (size_t off = 0; off < bytes; off += TCC_CACHELINE) prefetch_for_write(in + off);
