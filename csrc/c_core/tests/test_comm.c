@@ -356,6 +356,31 @@ static void test_mismatch(tcc_comm_t *comm) {
   CHECK(RUN(tcc_allreduce(comm, host_buf(x, 12, TCC_FLOAT32), host_buf(x, 12, TCC_FLOAT32), TCC_SUM, NULL, &op)) ==
             TCC_OK, "allreduce after mismatch");
   CHECK(x[11] == (float)n, "allreduce after mismatch gave %f", x[11]);
+  /* An all-to-all whose every rank sends and expects one count alike (the
+   * short descriptor over shared memory), the last rank 2 elements per
+   * peer and the others 1: the first disagreeing pair in rank order is
+   * rank 0 sending 1 to the last rank, which expects 2. */
+  float ins[GROUP_MAX_RANKS][2], outs[GROUP_MAX_RANKS][2];
+  tcc_buf_t sends[GROUP_MAX_RANKS], recvs[GROUP_MAX_RANKS];
+  const size_t each = me == n - 1 ? 2 : 1;
+  for (int j = 0; j < n; j++) {
+    sends[j] = host_buf(ins[j], each, TCC_FLOAT32);
+    recvs[j] = host_buf(outs[j], each, TCC_FLOAT32);
+  }
+  r = tcc_alltoall(comm, sends, recvs, NULL, &op);
+  r = wait_op(r, op, msg, sizeof msg);
+  char want[128];
+  snprintf(want, sizeof want, "split size mismatch: rank 0 sends 1 elements to rank %d, which expects 2", n - 1);
+  CHECK(r == TCC_ERR_MISMATCH && strstr(msg, want), "alltoall with uneven splits gave %s: %s", tcc_result_string(r),
+        msg);
+  for (int j = 0; j < n; j++) {
+    ins[j][0] = (float)(me * 100 + j);
+    sends[j] = host_buf(ins[j], 1, TCC_FLOAT32);
+    recvs[j] = host_buf(outs[j], 1, TCC_FLOAT32);
+  }
+  CHECK(RUN(tcc_alltoall(comm, sends, recvs, NULL, &op)) == TCC_OK, "alltoall after mismatch");
+  for (int j = 0; j < n; j++)
+    CHECK(outs[j][0] == (float)(j * 100 + me), "alltoall after mismatch: from rank %d got %f", j, outs[j][0]);
   /* Invalid local arguments fail before anything is sent. */
   r = tcc_broadcast(comm, host_buf(x, 1, TCC_FLOAT32), n, NULL, &op);
   CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), "root"), "bad root: %s", tcc_last_error());

@@ -83,6 +83,9 @@ void tcc__coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out)
 void tcc__coll_desc_fill_short(const tcc_coll_t *c, uint64_t seq, int size, void *out);
 /* Whether anything follows the descriptor's head (an all-to-all's lists). */
 bool tcc__coll_desc_has_tail(const void *desc);
+/* Whether an all-to-all's descriptor is in the short form, every count
+ * *count: each read of a count is then that one number. */
+bool tcc__coll_desc_even(const void *desc, uint64_t *count);
 /* What an all-to-all's descriptor (of a group of `size`) says its rank
  * sends to rank `to`, and expects from rank `from`, in either form. */
 uint64_t tcc__coll_desc_sends(const void *desc, int to);

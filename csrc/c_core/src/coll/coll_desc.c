@@ -100,9 +100,46 @@ static uint64_t listed_count(const void *desc, int i) {
   return v;
 }
 
+bool tcc__coll_desc_even(const void *desc, uint64_t *count) {
+  const tcc_coll_desc_t *d = desc;
+  *count = d->count;
+  return d->kind == TCC_COLL_ALLTOALL && (d->flags & TCC_DESC_EVEN_COUNTS);
+}
+
 uint64_t tcc__coll_desc_sends(const void *desc, int to) { return listed_count(desc, to); }
 
 uint64_t tcc__coll_desc_expects(const void *desc, int size, int from) { return listed_count(desc, size + from); }
+
+/* The first pair (j, k), in row order, where what all-to-all descriptor j
+ * sends to k is not what descriptor k expects from j; false when none.
+ * When every descriptor is in the short form, pair (j, k) disagrees
+ * exactly when the two counts differ, so the first is (0, k) for the first
+ * count unlike rank 0's: n reads instead of n * n. */
+static bool first_split_mismatch(const void *const *descs, int n, int *j_out, int *k_out) {
+  uint64_t first;
+  bool all_even = tcc__coll_desc_even(descs[0], &first);
+  int unlike = -1;
+  for (int r = 1; r < n && all_even; r++) {
+    uint64_t count;
+    all_even = tcc__coll_desc_even(descs[r], &count);
+    if (all_even && count != first && unlike < 0) unlike = r;
+  }
+  if (all_even) {
+    *j_out = 0;
+    *k_out = unlike;
+    return unlike >= 0;
+  }
+  for (int j = 0; j < n; j++) {
+    for (int k = 0; k < n; k++) {
+      if (tcc__coll_desc_sends(descs[j], k) != tcc__coll_desc_expects(descs[k], n, j)) {
+        *j_out = j;
+        *k_out = k;
+        return true;
+      }
+    }
+  }
+  return false;
+}
 
 tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
                                  const void *const *descs, tcc_err_t *err) {
@@ -153,19 +190,14 @@ tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
   (void)mine;
   if (c->kind == TCC_COLL_ALLTOALL) {
     /* What j sends to k must be what k expects from j. */
-    for (int j = 0; j < n; j++) {
-      for (int k = 0; k < n; k++) {
-        uint64_t sent = tcc__coll_desc_sends(descs[j], k);
-        uint64_t expected = tcc__coll_desc_expects(descs[k], n, j);
-        if (sent != expected) {
-          return tcc__err_set(err, TCC_ERR_MISMATCH,
-                             "tccomm %s on '%s' (rank %d): split size mismatch: rank %d sends %llu "
-                             "elements to rank %d, which expects %llu",
-                             op, comm->name, tcc__self_label(comm), j, (unsigned long long)sent, k,
-                             (unsigned long long)expected);
-        }
-      }
-    }
+    int j, k;
+    if (!first_split_mismatch(descs, n, &j, &k)) return TCC_OK;
+    return tcc__err_set(err, TCC_ERR_MISMATCH,
+                       "tccomm %s on '%s' (rank %d): split size mismatch: rank %d sends %llu "
+                       "elements to rank %d, which expects %llu",
+                       op, comm->name, tcc__self_label(comm), j,
+                       (unsigned long long)tcc__coll_desc_sends(descs[j], k), k,
+                       (unsigned long long)tcc__coll_desc_expects(descs[k], n, j));
   }
   return TCC_OK;
 }

@@ -141,6 +141,13 @@ static size_t plan_read(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, siz
       return j == root ? (size_t)(n - 1) * bytes : 0;
     case TCC_COLL_ALLTOALL: {
       const void *desc = st->sc->descs[j];
+      uint64_t even;
+      if (tcc__coll_desc_even(desc, &even)) { /* every block of j's stream is `even` elements */
+        const size_t block = (size_t)even * es;
+        const size_t before = (size_t)(me - (j < me)); /* j's blocks for ranks below me */
+        if (j != me) *rd = (coll_read_t){before * block, block, mine ? c->recvs[j] : NULL, 0};
+        return (size_t)(n - 1) * block;
+      }
       size_t total = 0, off = 0;
       for (int k = 0; k < n; k++) {
         if (k == j) continue;
