@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from _dist_ops import all_gather_tensor, reduce_scatter_tensor
 from _messages import DTYPE_ALIASES, OP_RE, REDOP_ALIASES
-from _reference import (DTYPES, FLOATS, LARGE, LARGE_PART, REDOPS, input_kind, make_redop,
+from _reference import (DTYPES, FLOATS, LARGE, LARGE_PART, REDOPS, input_kind, make_redop, mid_numel,
                         redop_error, special_input)
 from _registry import add
 
@@ -397,6 +397,12 @@ def _register_collectives():
     for dtype in ("float16", "bfloat16", "int32"):
         add(f"all_reduce-{dtype}-SUM-n{LARGE}", S, c_all_reduce, dtype=dtype,
             redop="SUM", n=LARGE)
+    # mid-sized: over TCP, the reduce-scatter with the descriptors
+    for dtype, redop in (("float32", "SUM"), ("float32", "AVG"), ("float32", "PREMUL_SUM"),
+                         ("float64", "MAX"), ("bfloat16", "SUM"), ("int32", "PRODUCT")):
+        gs = f"gloo does not implement {redop}" if redop in ("AVG", "PREMUL_SUM") else None
+        add(f"all_reduce-{dtype}-{redop}-n{mid_numel(dtype)}", S, c_all_reduce, dtype=dtype,
+            redop=redop, n=mid_numel(dtype), gloo_skip=gs)
     add(f"all_reduce-float64-SUM-n{LARGE}-async", S, c_all_reduce, dtype="float64",
         redop="SUM", n=LARGE, async_op=True)
     add(f"reduce-float32-SUM-n{LARGE}", S, c_reduce, dtype="float32", redop="SUM", n=LARGE)

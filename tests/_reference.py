@@ -31,6 +31,14 @@ PREMUL_FACTOR = 0.7  # not a power of two: the multiplication really rounds
 # Odd sizes make every chunked path end with a remainder.
 LARGE = (1 << 21) + 3       # ~2 Mi elements (8 MiB of float32) per rank
 LARGE_PART = (1 << 19) + 1  # per-rank part for gather/scatter-like ops
+# An all_reduce of MID_BYTES (and a few elements) is past what one exchange
+# over streams carries with its descriptors, and every rank's chunk still
+# fits a frame: over TCP its reduce-scatter travels with the descriptors.
+MID_BYTES = 96 << 10
+
+
+def mid_numel(dtype: str) -> int:
+    return MID_BYTES // torch.empty((), dtype=tdtype(dtype)).element_size() + 3
 
 
 def tdtype(name: str) -> torch.dtype:

@@ -197,7 +197,7 @@ static tcc_result_t wait_release(tcc_result_t issued, tcc_op_t *op) {
 
 /* ---- what the ranks do ------------------------------------------------- */
 
-static float big[4096];
+static float big[20003];
 
 /* allreduce of 8 floats (32 bytes: one-shot), of 4096 (16 KiB: pipelined
  * once TCCOMM_SHM_SMALL_BYTES=4096), broadcast from root 1, barrier, and a
@@ -207,7 +207,7 @@ static void some_ops(tcc_comm_t *comm) {
   tcc_op_t *op = NULL;
   tcc_result_t r = tcc_allreduce(comm, f32(x, 8), f32(x, 8), TCC_SUM, NULL, &op);
   CHECK(wait_release(r, op) == TCC_OK, "allreduce: %s", tcc_last_error());
-  r = tcc_allreduce(comm, f32(big, 4096), f32(big, 4096), TCC_SUM, NULL, &op);
+  r = tcc_allreduce(comm, f32(big, 20003), f32(big, 20003), TCC_SUM, NULL, &op);
   CHECK(wait_release(r, op) == TCC_OK, "allreduce: %s", tcc_last_error());
   r = tcc_broadcast(comm, f32(x, 8), 1, NULL, &op);
   CHECK(wait_release(r, op) == TCC_OK, "broadcast: %s", tcc_last_error());
@@ -295,7 +295,8 @@ static void test_info_tcp(void) {
     CHECK(count_lines(t, "rank 1 is on another host (test-host-1; rank 0 is on test-host-0): tcp") == 1,
           "%s: transport reason:\n%s", f[i].name, t);
     CHECK(count_lines(t, "algorithms over tcp streams: small ops (and an all-to-all's small blocks) in one exchange, the "
-                         "data with the descriptors; "
+                         "data with the descriptors; all-reduces up to 65536 bytes per rank's chunk with their "
+                         "reduce-scatter in the descriptors' exchange; "
                          "larger ones direct exchange between every pair, reductions reduce-scatter + all-gather "
                          "pipelined in 1048576-byte segments") == 1,
           "%s: thresholds:\n%s", f[i].name, t);
@@ -330,9 +331,10 @@ static void test_trace(const char *spec) {
     snprintf(want, sizeof want, "[%d] TCCOMM TRACE allreduce #1 on '" NAME "': float32 count 8 (32 bytes), host memory, "
              "executor host, algorithm %s", ranks[i], shm ? "spans one-shot reduction" : "streams one exchange (data with the descriptors)");
     CHECK(count_lines(t, want) == 1, "%s: no '%s':\n%s", f[i].name, want, t);
-    snprintf(want, sizeof want, "allreduce #2 on '" NAME "': float32 count 4096 (16384 bytes), host memory, "
+    snprintf(want, sizeof want, "allreduce #2 on '" NAME "': float32 count 20003 (80012 bytes), host memory, "
              "executor host, algorithm %s",
-             shm ? "spans pipelined reduce-scatter + all-gather" : "streams one exchange (data with the descriptors)");
+             shm ? "spans pipelined reduce-scatter + all-gather"
+                 : "streams reduce-scatter with the descriptors + all-gather");
     CHECK(count_lines(t, want) == 1, "%s: no '%s':\n%s", f[i].name, want, t);
     snprintf(want, sizeof want, "broadcast #3 on '" NAME "': float32 count 8 (32 bytes), root 1, host memory, "
              "executor host, algorithm %s", shm ? "spans windowed copy" : "streams one exchange (data with the descriptors)");

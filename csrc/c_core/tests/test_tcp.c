@@ -198,7 +198,10 @@ static double elem(const void *buf, tcc_dtype_t dt, size_t i) {
 
 /* ---- collectives ------------------------------------------------------ */
 
-static const size_t counts[] = {0, 1, 3, 1001, BIG};
+/* 20003: past one exchange's budget on every group size here, its chunks
+ * (uneven on 2, 3 and 4 ranks) within a frame's payload: an all-reduce's
+ * reduce-scatter then travels with the descriptors. */
+static const size_t counts[] = {0, 1, 3, 1001, 20003, BIG};
 #define NCOUNTS (sizeof(counts) / sizeof(counts[0]))
 
 static void test_broadcast(rank_ctx_t *t) {
@@ -471,25 +474,35 @@ static void expect_code(rank_ctx_t *t, tcc_coll_t *c, tcc_result_t want, const c
   CHECK(r == want, "rank %d: %s gave %d, want %d: %s", t->rank, what, r, want, err.msg);
 }
 
-/* Small ops send their data with their descriptor (one exchange), others
- * after it: ranks on different paths must still all fail, take exactly
- * what was sent, and leave every output alone. */
+/* Small ops send their data with their descriptor (one exchange), mid-sized
+ * all-reduces their reduce-scatter, others everything after it: ranks on
+ * different paths must still all fail, take exactly what was sent, and
+ * leave every output alone. */
 static void test_mismatch_paths(rank_ctx_t *t) {
-  const size_t big = 100000; /* past one exchange's budget on any group */
+  const size_t big = 100000; /* chunks past a frame's payload on any group */
+  const size_t mid = 20003;  /* past one exchange's budget, chunks within a frame */
   float *in = malloc(big * sizeof(float)), *out = malloc(big * sizeof(float));
   fill(in, TCC_FLOAT32, t->rank, 0, big, 1);
-  for (size_t i = 0; i < big; i++) out[i] = -1.0f;
   const bool last = t->rank == t->n - 1;
-  tcc_coll_t c = {.kind = TCC_COLL_ALLREDUCE, .dtype = TCC_FLOAT32, .redop = TCC_SUM,
-                  .count = last ? big : 8, .send = in, .recv = out};
-  expect_code(t, &c, TCC_ERR_MISMATCH, "allreduce of 8 elements against one of 100000");
-  size_t untouched = 0;
-  for (size_t i = 0; i < big; i++) untouched += out[i] == -1.0f;
-  CHECK(untouched == big, "rank %d: a mismatched allreduce wrote %zu outputs", t->rank, big - untouched);
-  c.count = 8;
-  run_ok(t, &c, "allreduce after a mismatch between paths");
-  EXPECT_ELEMS(out, TCC_FLOAT32, 8, 0, reduced(TCC_FLOAT32, TCC_SUM, t->n, i, 1),
-               "rank %d allreduce after a mismatch between paths", i, got_, want_, t->rank);
+  const size_t others_last[][2] = {{8, big}, {8, mid}, {mid, big}, {mid, mid + 1}};
+  for (int k = 0; k < 4; k++) {
+    for (size_t i = 0; i < big; i++) out[i] = -1.0f;
+    const size_t others = others_last[k][0];
+    tcc_coll_t c = {.kind = TCC_COLL_ALLREDUCE, .dtype = TCC_FLOAT32, .redop = TCC_SUM,
+                    .count = last ? others_last[k][1] : others, .send = in, .recv = out};
+    char what[96];
+    snprintf(what, sizeof what, "allreduce of %zu elements against one of %zu", others, others_last[k][1]);
+    expect_code(t, &c, TCC_ERR_MISMATCH, what);
+    size_t untouched = 0;
+    for (size_t i = 0; i < big; i++) untouched += out[i] == -1.0f;
+    CHECK(untouched == big, "rank %d: a mismatched %s wrote %zu outputs", t->rank, what, big - untouched);
+    c.count = others;
+    run_ok(t, &c, "allreduce after a mismatch between paths");
+    EXPECT_ELEMS(out, TCC_FLOAT32, others, 0, reduced(TCC_FLOAT32, TCC_SUM, t->n, i, 1),
+                 "rank %d allreduce of %zu after a mismatch between paths (case %d)", i, got_, want_, t->rank,
+                 others, k);
+  }
+  size_t untouched;
 
   /* a frame with a payload against one with an all-to-all's counts */
   void *outs[MAXN], *ins[MAXN];

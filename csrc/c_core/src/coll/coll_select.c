@@ -24,9 +24,10 @@ static void log_thresholds(tcc_comm_t *comm) {
   else if (comm->ops->streams)
     TCC_LOG_INFO(comm->rank,
                  "communicator '%s' algorithms over %s streams: small ops (and an all-to-all's small blocks) in "
-                 "one exchange, the data with the descriptors; larger ones direct exchange between every pair, reductions reduce-scatter + "
-                 "all-gather pipelined in %zu-byte segments",
-                 comm->name, comm->ops->name, tcc__stream_segment_bytes(comm->size));
+                 "one exchange, the data with the descriptors; all-reduces up to %u bytes per rank's chunk with "
+                 "their reduce-scatter in the descriptors' exchange; larger ones direct exchange between every "
+                 "pair, reductions reduce-scatter + all-gather pipelined in %zu-byte segments",
+                 comm->name, comm->ops->name, TCC_STREAM_PAYLOAD_MAX, tcc__stream_segment_bytes(comm->size));
 }
 
 tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
@@ -98,6 +99,8 @@ const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c) {
       }
     }
     if (tcc__stream_eager_fits(c, comm->size)) return "streams one exchange (data with the descriptors)";
+    if (tcc__stream_reduce_frames_fits(c, comm->size))
+      return "streams reduce-scatter with the descriptors + all-gather";
     if (!reduction) return "streams direct exchange";
     return c->kind == TCC_COLL_ALLREDUCE ? "streams reduce-scatter + all-gather"
            : c->kind == TCC_COLL_REDUCE  ? "streams reduce-scatter + gather"

@@ -8,7 +8,8 @@
  * a mismatch nothing else is sent and the streams stay aligned for the
  * next collective. Small ops carry their data in the same frames
  * (coll_stream_eager.c): one exchange in all. So do an all-to-all's small
- * blocks (coll_stream_alltoall.c).
+ * blocks (coll_stream_alltoall.c), and the reduce-scatter of a mid-sized
+ * all-reduce (coll_stream_reduce_frames.c): two exchanges in all.
  *
  * Otherwise data then moves directly between the ranks that need it. Reductions are
  * a reduce-scatter by direct exchange (rank j reduces chunk j over all n
@@ -70,8 +71,7 @@ static void copy_local(void *dst, const void *src, size_t len) {
 
 static uint8_t *at(void *base, size_t off) { return base ? (uint8_t *)base + off : NULL; }
 
-/* Rank j's share of `count` elements: the first count % n ranks get one more. */
-static void chunk_of(size_t count, int n, int j, size_t *off, size_t *len) {
+void tcc__stream_chunk_of(size_t count, int n, int j, size_t *off, size_t *len) {
   size_t base = count / (size_t)n, extra = count % (size_t)n, uj = (size_t)j;
   *len = base + (uj < extra);
   *off = uj * base + (uj < extra ? uj : extra);
@@ -97,12 +97,12 @@ static tcc_result_t run_reduction(stream_xfer_t *x, const tcc_coll_t *c, int64_t
   } else {
     bool all = c->kind == TCC_COLL_ALLREDUCE, root = me == c->root;
     size_t my_off, my_len;
-    chunk_of(c->count, n, me, &my_off, &my_len);
+    tcc__stream_chunk_of(c->count, n, me, &my_off, &my_len);
     chunk = my_len * es;
     for (int j = 0; j < n; j++) {
       if (j == me) continue;
       size_t off, len;
-      chunk_of(c->count, n, j, &off, &len);
+      tcc__stream_chunk_of(c->count, n, j, &off, &len);
       stream_link_t *l = &x->links[j];
       l->out_ptr = at(c->send, off * es);
       l->out_raw = len * es;
@@ -233,11 +233,14 @@ static tcc_result_t run_parts(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t se
   stream_xfer_t x = {.comm = comm, .what = tcc__coll_name(c->kind), .phase = "start", .seq = seq, .links = links};
   if (!links) return fail_nomem(&x, err);
   const bool whole = parts == (PART_AGREE | PART_DATA);
-  if (whole && (c->kind == TCC_COLL_ALLTOALL || tcc__stream_eager_fits(c, comm->size))) {
+  const bool eager = whole && tcc__stream_eager_fits(c, comm->size);
+  const bool reduce_frames = whole && !eager && tcc__stream_reduce_frames_fits(c, comm->size);
+  if (whole && (c->kind == TCC_COLL_ALLTOALL || eager || reduce_frames)) {
     tcc_result_t r = refuse_if_failed(&x, err);
     if (r == TCC_OK)
       r = c->kind == TCC_COLL_ALLTOALL ? tcc__coll_stream_alltoall(&x, c, deadline_ns, err)
-                                       : tcc__coll_stream_eager(&x, c, deadline_ns, err);
+          : eager                      ? tcc__coll_stream_eager(&x, c, deadline_ns, err)
+                                       : tcc__coll_stream_reduce_frames(&x, c, deadline_ns, err);
     free(links);
     return r;
   }

@@ -28,8 +28,6 @@
 #define FRAME_BLOCKS_BYTES (64u << 10)
 _Static_assert(FRAME_BLOCKS_BYTES <= TCC_STREAM_PAYLOAD_MAX, "a peer accepts every block this path sends");
 
-static size_t round64(size_t len) { return (len + 63) & ~(size_t)63; }
-
 bool tcc__stream_block_in_frame(size_t bytes, int n) {
   return n > 1 && bytes <= FRAME_BLOCKS_BYTES / (size_t)(n - 1);
 }
@@ -65,48 +63,32 @@ tcc_result_t tcc__stream_alltoall_move(stream_xfer_t *x, const tcc_coll_t *c, bo
   return r;
 }
 
-/* One op's scratch: a frame per peer, then the blocks that arrive in frames. */
-typedef struct frame_plan {
-  uint8_t **out;
-  size_t *out_len;
-  uint8_t **in;
-  size_t *in_len;
-  void *mem;
-} frame_plan_t;
-
-static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, frame_plan_t *p) {
+/* The scratch of one op (stream_frame_plan_t): a frame per peer, the
+ * blocks that arrive in frames. */
+static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_t *p) {
   const int n = x->comm->size, me = x->comm->rank;
   const size_t es = tcc_dtype_size(c->dtype);
   size_t frames = 0, ins = 0;
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
     const size_t out = c->send_counts[j] * es, in = c->recv_counts[j] * es;
-    frames += round64(tcc__stream_frame_bytes(c, n, tcc__stream_block_in_frame(out, n) ? out : 0));
-    ins += round64(tcc__stream_block_in_frame(in, n) ? in : 0);
+    frames += tcc__stream_round64(tcc__stream_frame_bytes(c, n, tcc__stream_block_in_frame(out, n) ? out : 0));
+    ins += tcc__stream_round64(tcc__stream_block_in_frame(in, n) ? in : 0);
   }
-  const size_t tables = (size_t)n * (2 * sizeof(uint8_t *) + 2 * sizeof(size_t));
-  uint8_t *mem = aligned_alloc(64, frames + ins + round64(tables));
-  if (!mem) return false;
-  p->mem = mem;
-  uint8_t *frame = mem, *in = mem + frames;
-  p->out = (uint8_t **)(in + ins);
-  p->in = p->out + n;
-  p->out_len = (size_t *)(p->in + n);
-  p->in_len = p->out_len + n;
+  if (!tcc__stream_frame_plan_alloc(p, n, frames, ins, 0)) return false;
+  uint8_t *frame = p->frames, *in = p->ins;
   for (int j = 0; j < n; j++) {
-    p->out[j] = p->in[j] = NULL;
-    p->out_len[j] = p->in_len[j] = 0;
     if (j == me) continue;
     const size_t out_bytes = c->send_counts[j] * es, in_bytes = c->recv_counts[j] * es;
     const size_t payload = tcc__stream_block_in_frame(out_bytes, n) ? out_bytes : 0;
     tcc__stream_frame_fill(c, x->seq, n, c->sends[j], payload, frame);
     p->out[j] = frame;
     p->out_len[j] = tcc__stream_frame_bytes(c, n, payload);
-    frame += round64(p->out_len[j]);
+    frame += tcc__stream_round64(p->out_len[j]);
     if (in_bytes > 0 && tcc__stream_block_in_frame(in_bytes, n)) {
       p->in[j] = in;
       p->in_len[j] = in_bytes;
-      in += round64(in_bytes);
+      in += tcc__stream_round64(in_bytes);
     }
   }
   return true;
@@ -114,13 +96,13 @@ static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, frame_plan_t *p) {
 
 tcc_result_t tcc__coll_stream_alltoall(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline, tcc_err_t *err) {
   const int n = x->comm->size;
-  frame_plan_t p;
+  stream_frame_plan_t p;
   char pre[160];
   if (!plan(x, c, &p)) {
     tcc__stream_xfer_prefix(x, pre, sizeof(pre));
     return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
   }
-  const stream_frames_t f = {.out = p.out, .out_len = p.out_len, .in = p.in, .in_len = p.in_len};
+  const stream_frames_t f = tcc__stream_frame_plan_frames(&p);
   tcc_result_t r = tcc__stream_frames_exchange(x, c, &f, deadline, NULL, err);
   tcc_coll_t staged;
   void *snapshot = NULL;

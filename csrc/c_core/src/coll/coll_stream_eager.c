@@ -29,8 +29,6 @@
 #define EAGER_BYTES (64u << 10)
 _Static_assert(EAGER_BYTES <= TCC_STREAM_PAYLOAD_MAX, "a peer accepts every payload this path sends");
 
-static size_t round64(size_t len) { return (len + 63) & ~(size_t)63; }
-
 bool tcc__stream_eager_fits(const tcc_coll_t *c, int n) {
   switch (c->kind) {
     case TCC_COLL_ALLREDUCE:
@@ -87,19 +85,10 @@ static const void *own_input(const tcc_coll_t *c, int me) {
   return NULL;
 }
 
-/* Scratch of one op: the frames (one per run of peers that get the same
- * payload), the payloads that arrive, the own copy, the tables. */
-typedef struct eager_plan {
-  uint8_t **out;
-  size_t *out_len;
-  uint8_t **in;
-  size_t *in_len;
-  const void **srcs;
-  uint8_t *own;
-  void *mem;
-} eager_plan_t;
-
-static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, eager_plan_t *p) {
+/* The scratch of one op (stream_frame_plan_t): one frame per run of
+ * peers that get the same payload, the payloads that arrive, and in
+ * `extra` this rank's own input when it reduces it (see own_input). */
+static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_t *p) {
   const int n = x->comm->size, me = x->comm->rank;
   const size_t bytes = c->count * tcc_dtype_size(c->dtype);
   size_t frames = 0, ins = 0, len;
@@ -108,35 +97,23 @@ static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, eager_plan_t *p) {
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
     const void *data = payload_to(c, me, j, bytes, &len);
-    if (frames == 0 || data != prev || len != prev_len) frames += round64(tcc__stream_frame_bytes(c, n, len));
+    if (frames == 0 || data != prev || len != prev_len)
+      frames += tcc__stream_round64(tcc__stream_frame_bytes(c, n, len));
     prev = data;
     prev_len = len;
-    ins += round64(expected_from(c, me, j, bytes));
+    ins += tcc__stream_round64(expected_from(c, me, j, bytes));
   }
   const void *own = own_input(c, me);
-  const size_t tables = (size_t)n * (2 * sizeof(uint8_t *) + 2 * sizeof(size_t) + sizeof(void *));
-  uint8_t *mem = aligned_alloc(64, frames + ins + round64(own ? bytes : 0) + round64(tables));
-  if (!mem) return false;
-  p->mem = mem;
-  uint8_t *frame = mem, *in = mem + frames;
-  p->own = own ? in + ins : NULL;
-  uint8_t *t = in + ins + round64(own ? bytes : 0);
-  p->out = (uint8_t **)t;
-  p->in = p->out + n;
-  p->out_len = (size_t *)(p->in + n);
-  p->in_len = p->out_len + n;
-  p->srcs = (const void **)(p->in_len + n);
+  if (!tcc__stream_frame_plan_alloc(p, n, frames, ins, own ? bytes : 0)) return false;
+  uint8_t *frame = p->frames, *in = p->ins, *last = NULL;
   prev = NULL;
-  uint8_t *last = NULL;
   for (int j = 0; j < n; j++) {
-    p->out[j] = p->in[j] = NULL;
-    p->out_len[j] = p->in_len[j] = 0;
     if (j == me) continue;
     const void *data = payload_to(c, me, j, bytes, &len);
     if (!last || data != prev || len != prev_len) {
       tcc__stream_frame_fill(c, x->seq, n, data, len, frame);
       last = frame;
-      frame += round64(tcc__stream_frame_bytes(c, n, len));
+      frame += tcc__stream_round64(tcc__stream_frame_bytes(c, n, len));
     }
     prev = data;
     prev_len = len;
@@ -144,14 +121,14 @@ static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, eager_plan_t *p) {
     p->out_len[j] = tcc__stream_frame_bytes(c, n, len);
     p->in_len[j] = expected_from(c, me, j, bytes);
     p->in[j] = p->in_len[j] ? in : NULL;
-    in += round64(p->in_len[j]);
+    in += tcc__stream_round64(p->in_len[j]);
   }
-  if (own) tcc__copy(p->own, own, bytes);
+  if (own) tcc__copy(p->extra, own, bytes);
   return true;
 }
 
 /* The op's results from the payloads, after the check accepted it. */
-static void finish(const stream_xfer_t *x, const tcc_coll_t *c, eager_plan_t *p) {
+static void finish(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_t *p) {
   const int n = x->comm->size, me = x->comm->rank;
   const size_t bytes = c->count * tcc_dtype_size(c->dtype);
   const size_t payload_at = tcc__stream_frame_bytes(c, n, 0); /* in a frame */
@@ -164,7 +141,7 @@ static void finish(const stream_xfer_t *x, const tcc_coll_t *c, eager_plan_t *p)
       if (c->kind == TCC_COLL_REDUCE && me != c->root) return;
       for (int j = 0; j < n; j++) p->srcs[j] = p->in[j];
       /* an allreduce sent its input to every peer: the frame holds a copy */
-      p->srcs[me] = p->own ? p->own : p->out[any_peer] + payload_at;
+      p->srcs[me] = own_input(c, me) ? p->extra : p->out[any_peer] + payload_at;
       tcc__reduce_n(c->recv, p->srcs, n, c->count, c->dtype, c->redop, c->premul);
       return;
     case TCC_COLL_BROADCAST:
@@ -188,13 +165,13 @@ static void finish(const stream_xfer_t *x, const tcc_coll_t *c, eager_plan_t *p)
 }
 
 tcc_result_t tcc__coll_stream_eager(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline, tcc_err_t *err) {
-  eager_plan_t p;
+  stream_frame_plan_t p;
   if (!plan(x, c, &p)) {
     char pre[160];
     tcc__stream_xfer_prefix(x, pre, sizeof(pre));
     return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: out of memory", pre);
   }
-  const stream_frames_t f = {.out = p.out, .out_len = p.out_len, .in = p.in, .in_len = p.in_len};
+  const stream_frames_t f = tcc__stream_frame_plan_frames(&p);
   tcc_result_t r = tcc__stream_frames_exchange(x, c, &f, deadline, NULL, err);
   if (r == TCC_OK) r = tcc__coll_stream_root_check(x, c, err);
   if (r == TCC_OK) finish(x, c, &p);

@@ -54,6 +54,31 @@ void tcc__stream_frame_fill(const tcc_coll_t *c, uint64_t seq, int n, const void
   if (len) tcc__copy(out + sizeof *h + desc_len - sizeof(tcc_coll_desc_t), payload, len);
 }
 
+bool tcc__stream_frame_plan_alloc(stream_frame_plan_t *p, int n, size_t frame_bytes, size_t in_bytes,
+                                  size_t extra_bytes) {
+  frame_bytes = tcc__stream_round64(frame_bytes);
+  in_bytes = tcc__stream_round64(in_bytes);
+  extra_bytes = tcc__stream_round64(extra_bytes);
+  const size_t tables = (size_t)n * (2 * sizeof(uint8_t *) + 2 * sizeof(size_t) + sizeof(void *));
+  uint8_t *mem = aligned_alloc(64, frame_bytes + in_bytes + extra_bytes + tcc__stream_round64(tables));
+  if (!mem) return false;
+  p->mem = mem;
+  p->frames = mem;
+  p->ins = mem + frame_bytes;
+  p->extra = p->ins + in_bytes;
+  p->out = (uint8_t **)(p->extra + extra_bytes);
+  p->in = p->out + n;
+  p->out_len = (size_t *)(p->in + n);
+  p->in_len = p->out_len + n;
+  p->srcs = (const void **)(p->in_len + n);
+  for (int j = 0; j < n; j++) {
+    p->out[j] = p->in[j] = NULL;
+    p->out_len[j] = p->in_len[j] = 0;
+    p->srcs[j] = NULL;
+  }
+  return true;
+}
+
 static stream_frame_head_t *head_of(const frames_in_t *in, int peer) {
   return (stream_frame_head_t *)(in->regions + (size_t)peer * in->stride);
 }

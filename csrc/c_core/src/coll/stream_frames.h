@@ -38,6 +38,32 @@ typedef struct stream_frames {
   const size_t *in_len;
 } stream_frames_t;
 
+/* Each frame and payload of a plan starts on a cache line of its own. */
+static inline size_t tcc__stream_round64(size_t len) { return (len + 63) & ~(size_t)63; }
+
+/* The scratch of one exchange whose frames carry payloads, in one
+ * allocation: `frame_bytes` for the frames this rank sends (`frames`),
+ * `in_bytes` for the payloads that arrive (`ins`), `extra_bytes` for the
+ * caller (`extra`; each region a multiple of 64 bytes), then the tables:
+ * a stream_frames_t's (every out and in NULL, every length 0) and n
+ * sources for a reduction over the payloads. */
+typedef struct stream_frame_plan {
+  uint8_t **out;
+  size_t *out_len;
+  uint8_t **in;
+  size_t *in_len;
+  const void **srcs;
+  uint8_t *frames, *ins, *extra;
+  void *mem;
+} stream_frame_plan_t;
+
+/* false: out of memory (nothing to free). */
+bool tcc__stream_frame_plan_alloc(stream_frame_plan_t *p, int n, size_t frame_bytes, size_t in_bytes,
+                                  size_t extra_bytes);
+static inline stream_frames_t tcc__stream_frame_plan_frames(const stream_frame_plan_t *p) {
+  return (stream_frames_t){.out = p->out, .out_len = p->out_len, .in = p->in, .in_len = p->in_len};
+}
+
 /* Sends and receives every peer's frame at once, then checks every rank's
  * descriptor (tcc__coll_desc_check: the same verdict on every rank). For
  * an all-to-all, send_matrix (NULL, or size x size) gets every rank's
@@ -50,6 +76,13 @@ tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, 
  * fields the check compares), and that path. */
 bool tcc__stream_eager_fits(const tcc_coll_t *c, int n);
 tcc_result_t tcc__coll_stream_eager(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline, tcc_err_t *err);
+
+/* coll_stream_reduce_frames.c: whether c is an all-reduce too large for
+ * one exchange whose chunks (tcc__stream_chunk_of) still fit in frames,
+ * and that path: the reduce-scatter in the descriptor frames, then the
+ * all-gather. */
+bool tcc__stream_reduce_frames_fits(const tcc_coll_t *c, int n);
+tcc_result_t tcc__coll_stream_reduce_frames(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline, tcc_err_t *err);
 
 /* coll_stream_alltoall.c: an all-to-all whose small blocks go in the
  * frames. Whether a block of `bytes` does (both ends decide alike from the
@@ -66,7 +99,10 @@ tcc_result_t tcc__coll_stream_alltoall(stream_xfer_t *x, const tcc_coll_t *c, in
 tcc_result_t tcc__stream_alltoall_move(stream_xfer_t *x, const tcc_coll_t *c, bool small_sent, int64_t deadline,
                                        tcc_err_t *err);
 
-/* coll_stream.c: after the exchange, so all ranks (which agree on the
+/* coll_stream.c: rank j's share of `count` elements of a reduction, which
+ * rank j reduces (the first count % n ranks get one more). */
+void tcc__stream_chunk_of(size_t count, int n, int j, size_t *off, size_t *len);
+/* After the exchange, so all ranks (which agree on the
  * root) fail alike: a rooted op's root must be a rank of the group. */
 tcc_result_t tcc__coll_stream_root_check(const stream_xfer_t *x, const tcc_coll_t *c, tcc_err_t *err);
 
