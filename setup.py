@@ -14,7 +14,9 @@ One extension, two languages:
     C++ flags, so the C parts reach the link as extra_objects.
   * C++ (csrc/*.cpp) goes through torch's BuildExtension, which picks the C++
     standard torch's headers need (C++20 from torch 2.13 on; 2.14's headers
-    refuse anything older).
+    refuse anything older). It is compiled as one translation unit,
+    csrc/shim.cpp, which includes every other file: torch's headers are most
+    of a file's compile time, and this way they are parsed once.
 The result links against c10 and torch_cpu only (no torch_python, no
 binding library) with an rpath to torch/lib; with torch's CUDA build also
 against c10_cuda, torch_cuda and cudart (see cuda_build_config()). NCCL is not
@@ -39,6 +41,7 @@ refuses to load under any other torch (torchcomm_backend/_extension.py).
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,9 +76,23 @@ CORE_FILES = sorted_glob("csrc/c_core/include/*.h") + sorted_glob("csrc/c_core/s
 MODULE_SOURCES = [rel("csrc", "module.c")]
 MODULE_FLAGS = ["-std=c11", "-pthread", "-Wall", "-Wextra", "-Werror"]
 
-CXX_SOURCES = sorted_glob("csrc/*.cpp")
-# CUDA-only shim code; left out of CPU-only builds (see cuda_build_config()).
-CUDA_CXX_SOURCES = sorted_glob("csrc/cuda/*.cpp")
+# The one C++ source compiled (see csrc/shim.cpp); it includes the files
+# below, the CUDA ones only with TCCOMM_WITH_CUDA (see cuda_build_config()).
+SHIM_SOURCE = rel("csrc", "shim.cpp")
+SHIM_PARTS = [p for p in sorted_glob("csrc/*.cpp") + sorted_glob("csrc/cuda/*.cpp") if p != SHIM_SOURCE]
+
+
+def check_shim_parts():
+    """Every shim file must be in csrc/shim.cpp: a file left out would
+    build, and then fail to load, or silently lack its ops."""
+    with open(absolute(SHIM_SOURCE)) as f:
+        included = set(re.findall(r'^#include "([^"]+\.cpp)"', f.read(), re.MULTILINE))
+    missing = [p for p in SHIM_PARTS if os.path.relpath(p, "csrc") not in included]
+    if missing:
+        raise SystemExit(f"tccomm: {', '.join(missing)} not included by {SHIM_SOURCE}: add an #include line there")
+
+
+check_shim_parts()
 CXX_HEADERS = sorted_glob("csrc/*.hpp")
 # torch's headers come in as system headers so -Wall -Wextra covers our files only.
 TORCH_SYSTEM_INCLUDES = [
@@ -175,7 +192,6 @@ LIBRARY_DIRS = [TORCH_LIB]
 CORE_CONFIG = (VARIANT or "release") + ("-cuda" if CUDA else "")
 if CUDA:
     CXX_FLAGS += ["-DTCCOMM_WITH_CUDA"] + [f for d in CUDA["includes"] for f in ("-isystem", d)]
-    CXX_SOURCES += CUDA_CXX_SOURCES
     # cudart by soname (libcudart.so.N): at run time it is the copy torch loaded.
     LIBRARIES += ["c10_cuda", "torch_cuda", "cudart"]
     LIBRARY_DIRS += CUDA["lib_dirs"]
@@ -325,15 +341,16 @@ class BuildExt(cpp_extension.BuildExtension):
 
 ext = Extension(
     name="torchcomm_backend._C",
-    sources=CXX_SOURCES,
+    sources=[SHIM_SOURCE],
     include_dirs=[absolute("csrc", "c_core", "include")],
     library_dirs=LIBRARY_DIRS,
     libraries=LIBRARIES,
     extra_compile_args={"cxx": CXX_FLAGS},
     extra_link_args=LINK_FLAGS,
     language="c++",
-    # A change to any C source or header relinks the extension.
-    depends=MODULE_SOURCES + CORE_FILES + CXX_HEADERS + sorted_glob("csrc/cuda/*.hpp"),
+    # A change to any source or header rebuilds what needs it (ninja tracks
+    # the files shim.cpp includes) and relinks the extension.
+    depends=MODULE_SOURCES + CORE_FILES + SHIM_PARTS + CXX_HEADERS,
 )
 
 setup(

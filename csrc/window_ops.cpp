@@ -61,7 +61,7 @@ class WindowRegistry {
   std::map<int64_t, WindowPtr> windows_;
 };
 
-WindowRegistry& registry() {
+WindowRegistry& windowRegistry() {
   static auto* r = new WindowRegistry(); // never destroyed: views may outlive main
   return *r;
 }
@@ -88,11 +88,11 @@ int64_t windowCreate(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int64_t b
     // Every rank fails alike; bad sizes are bad input like an op's.
     throwCoreError(r, CallKind::Op, "tccomm: window_create");
   }
-  return registry().add(WindowPtr(raw, tcc_window_destroy));
+  return windowRegistry().add(WindowPtr(raw, tcc_window_destroy));
 }
 
 void windowPut(int64_t id, const at::Tensor& src, int64_t dst, int64_t offsetBytes) {
-  WindowPtr win = registry().get("put", id);
+  WindowPtr win = windowRegistry().get("put", id);
   TORCH_CHECK(
       src.device().is_cpu(),
       "tccomm: window put: windows live in host shared memory; the source tensor is on ",
@@ -105,17 +105,17 @@ void windowPut(int64_t id, const at::Tensor& src, int64_t dst, int64_t offsetByt
 }
 
 void windowSignal(int64_t id, int64_t dst) {
-  WindowPtr win = registry().get("signal", id);
+  WindowPtr win = windowRegistry().get("signal", id);
   throwIfFailed(tcc_window_signal(win.get(), static_cast<int>(dst)));
 }
 
 void windowWaitSignal(int64_t id, int64_t peer, int64_t timeoutMs) {
-  WindowPtr win = registry().get("wait_signal", id);
+  WindowPtr win = windowRegistry().get("wait_signal", id);
   throwIfFailed(tcc_window_wait_signal(win.get(), static_cast<int>(peer), timeoutMs));
 }
 
 at::Tensor windowView(int64_t id, int64_t rank, at::ScalarType dtype, at::IntArrayRef shape) {
-  WindowPtr win = registry().get("map_remote_tensor", id);
+  WindowPtr win = windowRegistry().get("map_remote_tensor", id);
   size_t bytes = 0;
   void* ptr = tcc_window_buffer(win.get(), static_cast<int>(rank), &bytes);
   TORCH_CHECK(
@@ -148,7 +148,7 @@ at::Tensor windowView(int64_t id, int64_t rank, at::ScalarType dtype, at::IntArr
 }
 
 int64_t windowBufferBytes(int64_t id, int64_t rank) {
-  WindowPtr win = registry().get("map_remote_tensor", id);
+  WindowPtr win = windowRegistry().get("map_remote_tensor", id);
   size_t bytes = 0;
   TORCH_CHECK(
       tcc_window_buffer(win.get(), static_cast<int>(rank), &bytes) != nullptr,
@@ -161,8 +161,8 @@ int64_t windowBufferBytes(int64_t id, int64_t rank) {
 }
 
 void windowDestroy(int64_t id) {
-  registry().get("tensor_deregister", id);
-  registry().remove(id);
+  windowRegistry().get("tensor_deregister", id);
+  windowRegistry().remove(id);
 }
 
 } // namespace

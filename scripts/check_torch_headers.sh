@@ -7,11 +7,11 @@
 #
 # Downloads that torch's wheel (no dependencies) once into
 # ${TMPDIR:-/tmp}/tccomm-torch-headers-VERSION, unpacks only its headers and
-# compiles every csrc/*.cpp with the flags of setup.py (-Wall -Wextra
-# -Werror, the C++ standard that torch needs), syntax only. The CUDA part
-# (csrc/cuda/*.cpp, TCCOMM_WITH_CUDA) is included when the wheel is a CUDA
-# build and the CUDA toolkit's and NCCL's headers are found, as setup.py
-# finds them. Exit code 0 when every file compiles, 1 when one does not, 3
+# compiles the shim (csrc/shim.cpp, which includes every csrc/*.cpp) with
+# the flags of setup.py (-Wall -Wextra -Werror, the C++ standard that torch
+# needs), syntax only. The CUDA part (csrc/cuda/*.cpp, TCCOMM_WITH_CUDA) is
+# included when the wheel is a CUDA build and the CUDA toolkit's and NCCL's
+# headers are found, as setup.py finds them. Exit code 0 when every file compiles, 1 when one does not, 3
 # when the wheel could not be downloaded (nothing checked).
 set -euo pipefail
 
@@ -41,7 +41,6 @@ flags=(-std=$std -fsyntax-only -O2 -fPIC -Wall -Wextra -Werror -D_GLIBCXX_USE_CX
        -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C
        -I"$ROOT/csrc/c_core/include" -isystem "$INC" -isystem "$INC/torch/csrc/api/include"
        $("$PY" -c 'import sysconfig; print("-isystem", sysconfig.get_paths()["include"])'))
-sources=("$ROOT"/csrc/*.cpp)
 cuda_inc=
 for d in "${CUDA_HOME:-}" /usr/local/cuda; do
   [ -n "$d" ] && [ -f "$d/include/cuda_runtime_api.h" ] && { cuda_inc=$d/include; break; }
@@ -51,18 +50,14 @@ if [ ! -f "$INC/c10/cuda/impl/cuda_cmake_macros.h" ]; then
   what="without the CUDA path (this torch $VERSION wheel is a CPU-only build)"
 elif [ -n "$cuda_inc" ] && [ -f "$nccl_inc/nccl.h" ]; then
   flags+=(-DTCCOMM_WITH_CUDA -isystem "$nccl_inc" -isystem "$cuda_inc")
-  sources+=("$ROOT"/csrc/cuda/*.cpp)
   what="with the CUDA path"
 else
   what="without the CUDA path (no CUDA toolkit or nccl.h headers found)"
 fi
 
 echo "== compiling the shim against torch $VERSION's headers ($std, $what)"
-fail=0
-printf '%s\n' "${sources[@]}" | xargs -P "$(nproc)" -I{} sh -c '"$0" "$@" {} || { echo "FAILED: {}"; exit 255; }' \
-  "$CXX" "${flags[@]}" || fail=1
-if [ "$fail" -ne 0 ]; then
+if ! "$CXX" "${flags[@]}" "$ROOT/csrc/shim.cpp"; then
   echo "the shim does not compile against torch $VERSION"
   exit 1
 fi
-echo "== the shim compiles against torch $VERSION (${#sources[@]} files)"
+echo "== the shim compiles against torch $VERSION"

@@ -6,6 +6,7 @@
   runs examples/allreduce.py there on 2 ranks, every rank importing the
   wheel's copy of torchcomm_backend. A few minutes (a whole build) on 2 cores;
   TCCOMM_TEST_WHEEL=0 skips it.
+* the shim-unit test: setup.py refuses a csrc/*.cpp that csrc/shim.cpp leaves out.
 * the torch-mismatch tests: the extension's import guard, checked by faking
   the running torch's version in a subprocess (no other torch is installed).
 """
@@ -146,6 +147,24 @@ def test_wheel_installs_and_runs_example(tmp_path):
     found = re.findall(r"rank (\d)/2 backend=tccomm: 8 collectives, (OK|FAILED)", out)
     assert sorted(found) == [("0", "OK"), ("1", "OK")], out
     assert len(re.findall(r"rank \d imported ", out)) == 2, out
+
+
+# ---- the shim as one unit (csrc/shim.cpp) ----
+
+def test_shim_file_left_out_of_the_unit_is_refused(tmp_path):
+    """The shim compiles as one unit, csrc/shim.cpp: a csrc/*.cpp it does not
+    include would build without it. setup.py refuses, naming the file (and
+    accepts the tree as it is)."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=_NOT_SOURCE, symlinks=True)
+    ok = _run([sys.executable, "setup.py", "--name"], RUN_TIMEOUT, cwd=src, env=_clean_env())
+    assert ok.returncode == 0 and "torchcomm_backend" in ok.stdout, ok.stdout[-3000:]
+    for extra in ("csrc/extra_ops.cpp", "csrc/cuda/extra_cuda.cpp"):
+        (src / extra).write_text("// not in shim.cpp\n")
+        proc = _run([sys.executable, "setup.py", "--name"], RUN_TIMEOUT, cwd=src, env=_clean_env())
+        assert proc.returncode != 0, proc.stdout[-3000:]
+        assert f"{extra} not included by csrc/shim.cpp" in proc.stdout, proc.stdout[-3000:]
+        (src / extra).unlink()
 
 
 # ---- the torch-mismatch guard (torchcomm_backend/_extension.py) ----

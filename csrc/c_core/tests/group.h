@@ -85,6 +85,10 @@ static int __attribute__((unused)) run_group(int n, const char *spec, int64_t ti
     return 1;
   }
   pid_t pids[GROUP_MAX_RANKS];
+  /* A rank's exit flushes what it inherited: lines printed before the fork
+   * would appear once per rank when stdout is a file or a pipe. */
+  fflush(stdout);
+  fflush(stderr);
   for (int r = 0; r < n; r++) {
     pids[r] = fork();
     if (pids[r] != 0) continue;
