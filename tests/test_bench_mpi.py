@@ -159,7 +159,8 @@ needs_mpicc = pytest.mark.skipif(
 
 
 @needs_mpicc
-@pytest.mark.parametrize("op,transport,btl", [("allreduce", "tcp", "self,tcp"), ("allgather", "shm", "self,vader")])
+@pytest.mark.parametrize("op,transport,btl", [("allreduce", "tcp", "self,tcp"), ("allgather", "shm", "self,vader"),
+                                              ("reduce_scatter", "shm", "self,vader"), ("scatter", "tcp", "self,tcp")])
 def test_core_against_open_mpi_in_the_same_processes(op, transport, btl):
     """csrc/c_core/tests/bench_mpi_pair.c: one line per size, both medians."""
     core = os.path.join(ROOT, "csrc", "c_core")

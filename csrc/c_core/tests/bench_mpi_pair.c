@@ -6,9 +6,14 @@
  *
  * Usage (optional: needs Open MPI's mpicc and mpirun; make build/bench_mpi_pair):
  *   mpirun --allow-run-as-root --oversubscribe -np N --bind-to none --mca btl self,vader \
- *          build/bench_mpi_pair alltoall|allgather|allreduce|pingpong MIN_BYTES MAX_BYTES [pairs] [shm|tcp]
- * Sizes go up by 4x; a size is the whole output (bench_sizes' convention),
- * float32, page-aligned buffers; allreduce sums in place. Rank 0 prints per
+ *          build/bench_mpi_pair OP MIN_BYTES MAX_BYTES [pairs] [shm|tcp]
+ * OP: allreduce, allgather, alltoall, broadcast, reduce, reduce_scatter,
+ * gather, scatter (rooted ones from rank 0; reductions sum) or pingpong.
+ * Sizes go up by 4x; a size is bench_sizes' (and bench_collectives.py's):
+ * the whole tensor of allreduce, broadcast and reduce, the output of
+ * allgather and gather, the input of reduce_scatter, alltoall and scatter
+ * (each rank's share is size / ranks). float32, page-aligned buffers;
+ * allreduce sums in place. Rank 0 prints per
  * size the medians of both and the median (and quartiles) of the pairs'
  * ratios, openmpi / tccomm: above 1, the core is faster. pingpong (2 ranks):
  * round trips of one message of the size, rank 0 sending first, with
@@ -31,7 +36,17 @@ static void die(const char *what) {
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-typedef enum { OP_ALLTOALL, OP_ALLGATHER, OP_ALLREDUCE, OP_PINGPONG } pair_op_t;
+typedef enum {
+  OP_ALLTOALL, OP_ALLGATHER, OP_ALLREDUCE, OP_BROADCAST, OP_REDUCE, OP_REDUCE_SCATTER, OP_GATHER, OP_SCATTER,
+  OP_PINGPONG, OP_COUNT
+} pair_op_t;
+static const char *const op_names[OP_COUNT] = {"alltoall", "allgather",      "allreduce", "broadcast", "reduce",
+                                               "reduce_scatter", "gather", "scatter",   "pingpong"};
+
+/* Ops whose size is the whole vector (each rank holds all of it). */
+static int whole_vector(pair_op_t what) {
+  return what == OP_ALLREDUCE || what == OP_BROADCAST || what == OP_REDUCE || what == OP_PINGPONG;
+}
 
 static void p2p_core(tcc_comm_t *comm, int send, float *buf, size_t count) {
   const tcc_buf_t b = {buf, count, TCC_FLOAT32, -1, NULL};
@@ -62,24 +77,33 @@ static void pingpong_mpi(float *in, float *out, int count) {
   }
 }
 
-/* `count` floats in all (all-reduce, ping-pong), `per` per rank (the others). */
+/* `count` floats in all, `per` = count / ranks: each rank's share. */
 static void run_core(tcc_comm_t *comm, pair_op_t what, float *in, float *out, size_t count, size_t per) {
   const int n = tcc_comm_size(comm);
   if (what == OP_PINGPONG) {
     pingpong_core(comm, in, out, count);
     return;
   }
-  const int alltoall = what == OP_ALLTOALL;
-  tcc_buf_t sends[MAX_RANKS], recvs[MAX_RANKS];
+  /* blocks[j]: the j-th share of `in` or of `out`. */
+  tcc_buf_t in_blocks[MAX_RANKS], out_blocks[MAX_RANKS];
   for (int j = 0; j < n; j++) {
-    sends[j] = (tcc_buf_t){alltoall ? in + (size_t)j * per : in, per, TCC_FLOAT32, -1, NULL};
-    recvs[j] = (tcc_buf_t){out + (size_t)j * per, per, TCC_FLOAT32, -1, NULL};
+    in_blocks[j] = (tcc_buf_t){in + (size_t)j * per, per, TCC_FLOAT32, -1, NULL};
+    out_blocks[j] = (tcc_buf_t){out + (size_t)j * per, per, TCC_FLOAT32, -1, NULL};
   }
-  const tcc_buf_t all = {in, count, TCC_FLOAT32, -1, NULL};
-  tcc_op_t *op;
-  const tcc_result_t issued = what == OP_ALLREDUCE ? tcc_allreduce(comm, all, all, TCC_SUM, NULL, &op)
-                              : alltoall           ? tcc_alltoall(comm, sends, recvs, NULL, &op)
-                                                   : tcc_allgather(comm, sends[0], recvs, NULL, &op);
+  const tcc_buf_t all_in = {in, count, TCC_FLOAT32, -1, NULL}, all_out = {out, count, TCC_FLOAT32, -1, NULL};
+  tcc_op_t *op = NULL;
+  tcc_result_t issued = TCC_ERR_INVALID;
+  switch (what) {
+    case OP_ALLREDUCE: issued = tcc_allreduce(comm, all_in, all_in, TCC_SUM, NULL, &op); break;
+    case OP_ALLTOALL: issued = tcc_alltoall(comm, in_blocks, out_blocks, NULL, &op); break;
+    case OP_ALLGATHER: issued = tcc_allgather(comm, in_blocks[0], out_blocks, NULL, &op); break;
+    case OP_BROADCAST: issued = tcc_broadcast(comm, all_in, 0, NULL, &op); break;
+    case OP_REDUCE: issued = tcc_reduce(comm, all_in, all_out, TCC_SUM, 0, NULL, &op); break;
+    case OP_REDUCE_SCATTER: issued = tcc_reduce_scatter(comm, in_blocks, out_blocks[0], TCC_SUM, NULL, &op); break;
+    case OP_GATHER: issued = tcc_gather(comm, in_blocks[0], out_blocks, 0, NULL, &op); break;
+    case OP_SCATTER: issued = tcc_scatter(comm, in_blocks, out_blocks[0], 0, NULL, &op); break;
+    default: break;
+  }
   if (issued != TCC_OK) die("issue");
   const tcc_result_t r = tcc_op_wait(op, -1);
   tcc_op_release(op);
@@ -87,14 +111,19 @@ static void run_core(tcc_comm_t *comm, pair_op_t what, float *in, float *out, si
 }
 
 static void run_mpi(pair_op_t what, float *in, float *out, size_t count, size_t per) {
-  if (what == OP_PINGPONG)
-    pingpong_mpi(in, out, (int)count);
-  else if (what == OP_ALLREDUCE)
-    MPI_Allreduce(MPI_IN_PLACE, in, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  else if (what == OP_ALLTOALL)
-    MPI_Alltoall(in, (int)per, MPI_FLOAT, out, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
-  else
-    MPI_Allgather(in, (int)per, MPI_FLOAT, out, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
+  const int c = (int)count, p = (int)per;
+  switch (what) {
+    case OP_PINGPONG: pingpong_mpi(in, out, c); break;
+    case OP_ALLREDUCE: MPI_Allreduce(MPI_IN_PLACE, in, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case OP_ALLTOALL: MPI_Alltoall(in, p, MPI_FLOAT, out, p, MPI_FLOAT, MPI_COMM_WORLD); break;
+    case OP_ALLGATHER: MPI_Allgather(in, p, MPI_FLOAT, out, p, MPI_FLOAT, MPI_COMM_WORLD); break;
+    case OP_BROADCAST: MPI_Bcast(in, c, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+    case OP_REDUCE: MPI_Reduce(in, out, c, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD); break;
+    case OP_REDUCE_SCATTER: MPI_Reduce_scatter_block(in, out, p, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case OP_GATHER: MPI_Gather(in, p, MPI_FLOAT, out, p, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+    case OP_SCATTER: MPI_Scatter(in, p, MPI_FLOAT, out, p, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+    default: break;
+  }
 }
 
 /* The slowest rank's microseconds per call over one batch. */
@@ -138,23 +167,22 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int pairs = argc > 4 ? atoi(argv[4]) : 21;
-  const char *ops[] = {"alltoall", "allgather", "allreduce", "pingpong"};
   int what = -1;
-  for (int i = 0; argc > 1 && i < 4; i++)
-    if (strcmp(argv[1], ops[i]) == 0) what = i;
+  for (int i = 0; argc > 1 && i < OP_COUNT; i++)
+    if (strcmp(argv[1], op_names[i]) == 0) what = i;
   const char *transport = argc > 5 ? argv[5] : "shm";
   if (argc < 4 || what < 0 || size > MAX_RANKS || pairs < 1 || pairs > MAX_PAIRS || (what == OP_PINGPONG && size != 2) ||
       (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0)) {
     if (rank == 0)
-      fprintf(stderr, "usage: bench_mpi_pair alltoall|allgather|allreduce|pingpong (2 ranks) MIN_BYTES MAX_BYTES [pairs 1..99] [shm|tcp]\n");
+      fprintf(stderr, "usage: bench_mpi_pair allreduce|allgather|alltoall|broadcast|reduce|reduce_scatter|gather|scatter|"
+                      "pingpong (2 ranks) MIN_BYTES MAX_BYTES [pairs 1..99] [shm|tcp]\n");
     MPI_Finalize();
     return 2;
   }
   tcc_comm_t *comm = open_core(rank, size, strcmp(transport, "tcp") == 0 ? TCC_TRANSPORT_TCP : TCC_TRANSPORT_SHM);
   for (size_t bytes = strtoull(argv[2], NULL, 10); bytes > 0 && bytes <= strtoull(argv[3], NULL, 10); bytes *= 4) {
     const size_t count = bytes / sizeof(float), per = count / (size_t)size;
-    /* An all-reduce's size is its whole vector, a ping-pong's its message. */
-    if (what == OP_ALLREDUCE || what == OP_PINGPONG ? count == 0 : per == 0) continue;
+    if (whole_vector((pair_op_t)what) ? count == 0 : per == 0) continue;
     const size_t alloc = (count * sizeof(float) + 4095) / 4096 * 4096;
     float *in = aligned_alloc(4096, alloc), *out = aligned_alloc(4096, alloc);
     if (!in || !out) die("out of memory");
