@@ -204,7 +204,11 @@ def test_environment():
         out = c.hosts[2].run([sys.executable, "-c", client], capture_output=True, text=True, timeout=30)
         assert out.stdout.split() == [c.hosts[1].hostname, c.hosts[2].addr], out
         server.wait(timeout=30)
-        sleeper = c.hosts[1].popen(["sleep", "300"])
+        # nsenter forks the command into the host's PID namespace after
+        # Popen returns: wait until it runs there, or kill_all may come first.
+        sleeper = c.hosts[1].popen(["sh", "-c", "echo started; exec sleep 300"],
+                                   stdout=subprocess.PIPE, text=True)
+        assert sleeper.stdout.readline().strip() == "started"
         c.hosts[1].kill_all()
         assert sleeper.wait(timeout=10) != 0
         holders = [h.pid for h in c.hosts]
