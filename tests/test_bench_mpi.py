@@ -171,6 +171,6 @@ def test_core_against_open_mpi_in_the_same_processes(op, transport, btl):
                       os.path.join(core, "build", "bench_mpi_pair"), op, "64", "256", "3", transport])
     assert code == 0, out
     lines = re.findall(rf"^{op} (\d+) B, 2 ranks, {transport}: openmpi ([0-9.]+) us, core ([0-9.]+) us, "
-                       r"openmpi / core ([0-9.]+) \(quartiles", out, re.M)
+                       r"openmpi / core ([0-9.]+) \(quartiles [0-9.]+ \.\. [0-9.]+\); memcpy ([0-9.]+) GB/s$", out, re.M)
     assert [int(b) for b, *_ in lines] == [64, 256], out
-    assert all(float(m) > 0 and float(c) > 0 for _, m, c, _ in lines), out
+    assert all(float(m) > 0 and float(c) > 0 and float(g) > 0 for _, m, c, _, g in lines), out

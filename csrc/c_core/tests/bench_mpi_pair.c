@@ -15,7 +15,9 @@
  * (each rank's share is size / ranks). float32, page-aligned buffers;
  * allreduce sums in place. Rank 0 prints per
  * size the medians of both and the median (and quartiles) of the pairs'
- * ratios, openmpi / tccomm: above 1, the core is faster. pingpong (2 ranks):
+ * ratios, openmpi / tccomm: above 1, the core is faster, and the median
+ * memcpy bandwidth of the size measured between the pairs (every rank at
+ * once), which shows the state of the machine. pingpong (2 ranks):
  * round trips of one message of the size, rank 0 sending first, with
  * MPI_Send / MPI_Recv and with tcc_send / tcc_recv + tcc_op_wait. The ranks swap
  * endpoint blobs with MPI_Allgather; the core's transport is shared memory,
@@ -126,16 +128,23 @@ static void run_mpi(pair_op_t what, float *in, float *out, size_t count, size_t 
   }
 }
 
-/* The slowest rank's microseconds per call over one batch. */
-static double batch(tcc_comm_t *comm, int core, pair_op_t what, float *in, float *out, size_t count, size_t per,
+enum { BY_MPI, BY_CORE, BY_MEMCPY };
+
+/* The slowest rank's microseconds per call over one batch: of Open MPI's
+ * op, the core's, or a memcpy of the size (every rank at once) on the same
+ * buffers, which tells what the memory gives in those minutes: on a shared
+ * virtual machine it changes from launch to launch, by up to 4x. */
+static double batch(tcc_comm_t *comm, int by, pair_op_t what, float *in, float *out, size_t count, size_t per,
                     int iters) {
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = MPI_Wtime();
   for (int i = 0; i < iters; i++) {
-    if (core)
+    if (by == BY_CORE)
       run_core(comm, what, in, out, count, per);
-    else
+    else if (by == BY_MPI)
       run_mpi(what, in, out, count, per);
+    else
+      memcpy(out, in, count * sizeof(float));
   }
   double us = (MPI_Wtime() - t0) / iters * 1e6;
   MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -190,22 +199,27 @@ int main(int argc, char **argv) {
     memset(out, 0, alloc);
     int iters = (int)(0.02e9 / ((double)bytes / 4 + 20000));
     if (iters < 3) iters = 3;
-    double ratio[MAX_PAIRS], mpi_us[MAX_PAIRS], core_us[MAX_PAIRS];
+    double ratio[MAX_PAIRS], mpi_us[MAX_PAIRS], core_us[MAX_PAIRS], copy_gbs[MAX_PAIRS];
     for (int p = -1; p < pairs; p++) { /* pair -1 warms both up */
       double us[2];
       for (int k = 0; k < 2; k++) {
-        const int core = (p & 1) ^ k; /* which goes first flips from pair to pair */
-        us[core] = batch(comm, core, (pair_op_t)what, in, out, count, per, iters);
+        const int by = (p & 1) ^ k; /* which goes first flips from pair to pair */
+        us[by] = batch(comm, by, (pair_op_t)what, in, out, count, per, iters);
       }
-      if (p >= 0) ratio[p] = us[0] / us[1], mpi_us[p] = us[0], core_us[p] = us[1];
+      const double copy_us = batch(comm, BY_MEMCPY, (pair_op_t)what, in, out, count, per, iters);
+      if (p >= 0)
+        ratio[p] = us[BY_MPI] / us[BY_CORE], mpi_us[p] = us[BY_MPI], core_us[p] = us[BY_CORE],
+        copy_gbs[p] = (double)(count * sizeof(float)) / copy_us / 1e3;
     }
     qsort(ratio, (size_t)pairs, sizeof *ratio, by_value);
     qsort(mpi_us, (size_t)pairs, sizeof *mpi_us, by_value);
     qsort(core_us, (size_t)pairs, sizeof *core_us, by_value);
+    qsort(copy_gbs, (size_t)pairs, sizeof *copy_gbs, by_value);
     if (rank == 0)
-      printf("%s %zu B, %d ranks, %s: openmpi %.1f us, core %.1f us, openmpi / core %.2f (quartiles %.2f .. %.2f)\n",
+      printf("%s %zu B, %d ranks, %s: openmpi %.1f us, core %.1f us, openmpi / core %.2f (quartiles %.2f .. %.2f); "
+             "memcpy %.1f GB/s\n",
              argv[1], bytes, size, transport, mpi_us[pairs / 2], core_us[pairs / 2], ratio[pairs / 2], ratio[pairs / 4],
-             ratio[3 * pairs / 4]);
+             ratio[3 * pairs / 4], copy_gbs[pairs / 2]);
     fflush(stdout);
     free(in);
     free(out);
