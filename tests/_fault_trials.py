@@ -51,6 +51,11 @@ def workload_step(it: int, rank: int, world: int, sub) -> None:
     big = torch.full((1 << 18,), float(rank))  # 1 MiB: more than one shm window
     dist.all_reduce(big)
     root = it % world
+    # 1 MiB to one root: the pipelined reduce, whose ranks do not all
+    # need each other's results.
+    r = torch.full((1 << 18,), float(rank))
+    dist.reduce(r, dst=root)
+    assert rank != root or r[-1].item() == world * (world - 1) / 2, r
     b = torch.full((1000,), float(rank))
     dist.broadcast(b, src=root)
     assert b[0].item() == root

@@ -159,16 +159,20 @@ needs_mpicc = pytest.mark.skipif(
 
 
 @needs_mpicc
-@pytest.mark.parametrize("op,transport,btl", [("allreduce", "tcp", "self,tcp"), ("allgather", "shm", "self,vader"),
-                                              ("reduce_scatter", "shm", "self,vader"), ("scatter", "tcp", "self,tcp")])
-def test_core_against_open_mpi_in_the_same_processes(op, transport, btl):
-    """csrc/c_core/tests/bench_mpi_pair.c: one line per size, both medians."""
+@pytest.mark.parametrize("op,transport,btl,extra", [("allreduce", "tcp", "self,tcp", []),
+                                                    ("allgather", "shm", "self,vader", []),
+                                                    ("reduce_scatter", "shm", "self,vader", []),
+                                                    ("reduce", "shm", "self,vader", ["fresh"]),
+                                                    ("scatter", "tcp", "self,tcp", [])])
+def test_core_against_open_mpi_in_the_same_processes(op, transport, btl, extra):
+    """csrc/c_core/tests/bench_mpi_pair.c: one line per size, both medians
+    (`fresh`: inputs written again before every call)."""
     core = os.path.join(ROOT, "csrc", "c_core")
     code, out = _run(["make", "-s", "-C", core, "build/bench_mpi_pair"])
     assert code == 0, out
     code, out = _run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "--bind-to", "none",
                       "--mca", "pml", "ob1", "--mca", "btl", btl,
-                      os.path.join(core, "build", "bench_mpi_pair"), op, "64", "256", "3", transport])
+                      os.path.join(core, "build", "bench_mpi_pair"), op, "64", "256", "3", transport, *extra])
     assert code == 0, out
     lines = re.findall(rf"^{op} (\d+) B, 2 ranks, {transport}: openmpi ([0-9.]+) us, core ([0-9.]+) us, "
                        r"openmpi / core ([0-9.]+) \(quartiles [0-9.]+ \.\. [0-9.]+\); memcpy ([0-9.]+) GB/s$", out, re.M)

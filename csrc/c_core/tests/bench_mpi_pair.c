@@ -22,8 +22,11 @@
  * MPI_Send / MPI_Recv and with tcc_send / tcc_recv + tcc_op_wait. The ranks swap
  * endpoint blobs with MPI_Allgather; the core's transport is shared memory,
  * or TCP with `tcp` (then compare with Open MPI's TCP: --mca btl self,tcp).
+ * `fresh` (after the transport): every rank writes its input again before
+ * each call, outside the time measured (see batch()).
  */
 #include <mpi.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +133,24 @@ static void run_mpi(pair_op_t what, float *in, float *out, size_t count, size_t 
 
 enum { BY_MPI, BY_CORE, BY_MEMCPY };
 
+/* Inputs that every call finds as the last write left them: the same
+ * bytes as the first fill, written again before each call and outside its
+ * time (`fresh`), as a training step writes its gradients; or written once
+ * (the default), so that after the first call the peers read lines that
+ * no CPU has written since, which costs less than reading what another
+ * CPU just wrote whenever traffic between CPUs is dear. */
+static bool fresh;
+static int fill_byte;
+
+static void run_one(tcc_comm_t *comm, int by, pair_op_t what, float *in, float *out, size_t count, size_t per) {
+  if (by == BY_CORE)
+    run_core(comm, what, in, out, count, per);
+  else if (by == BY_MPI)
+    run_mpi(what, in, out, count, per);
+  else
+    memcpy(out, in, count * sizeof(float));
+}
+
 /* The slowest rank's microseconds per call over one batch: of Open MPI's
  * op, the core's, or a memcpy of the size (every rank at once) on the same
  * buffers, which tells what the memory gives in those minutes: on a shared
@@ -137,16 +158,20 @@ enum { BY_MPI, BY_CORE, BY_MEMCPY };
 static double batch(tcc_comm_t *comm, int by, pair_op_t what, float *in, float *out, size_t count, size_t per,
                     int iters) {
   MPI_Barrier(MPI_COMM_WORLD);
+  double seconds = 0;
   const double t0 = MPI_Wtime();
   for (int i = 0; i < iters; i++) {
-    if (by == BY_CORE)
-      run_core(comm, what, in, out, count, per);
-    else if (by == BY_MPI)
-      run_mpi(what, in, out, count, per);
-    else
-      memcpy(out, in, count * sizeof(float));
+    if (!fresh) {
+      run_one(comm, by, what, in, out, count, per);
+      continue;
+    }
+    memset(in, fill_byte, count * sizeof(float));
+    const double t = MPI_Wtime();
+    run_one(comm, by, what, in, out, count, per);
+    seconds += MPI_Wtime() - t;
   }
-  double us = (MPI_Wtime() - t0) / iters * 1e6;
+  if (!fresh) seconds = MPI_Wtime() - t0;
+  double us = seconds / iters * 1e6;
   MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return us;
 }
@@ -180,11 +205,12 @@ int main(int argc, char **argv) {
   for (int i = 0; argc > 1 && i < OP_COUNT; i++)
     if (strcmp(argv[1], op_names[i]) == 0) what = i;
   const char *transport = argc > 5 ? argv[5] : "shm";
+  fresh = argc > 6 && strcmp(argv[6], "fresh") == 0;
   if (argc < 4 || what < 0 || size > MAX_RANKS || pairs < 1 || pairs > MAX_PAIRS || (what == OP_PINGPONG && size != 2) ||
-      (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0)) {
+      (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0) || (argc > 6 && !fresh)) {
     if (rank == 0)
       fprintf(stderr, "usage: bench_mpi_pair allreduce|allgather|alltoall|broadcast|reduce|reduce_scatter|gather|scatter|"
-                      "pingpong (2 ranks) MIN_BYTES MAX_BYTES [pairs 1..99] [shm|tcp]\n");
+                      "pingpong (2 ranks) MIN_BYTES MAX_BYTES [pairs 1..99] [shm|tcp] [fresh]\n");
     MPI_Finalize();
     return 2;
   }
@@ -195,7 +221,8 @@ int main(int argc, char **argv) {
     const size_t alloc = (count * sizeof(float) + 4095) / 4096 * 4096;
     float *in = aligned_alloc(4096, alloc), *out = aligned_alloc(4096, alloc);
     if (!in || !out) die("out of memory");
-    memset(in, what == OP_ALLREDUCE ? 0 : 1, alloc); /* sums in place stay 0 */
+    fill_byte = what == OP_ALLREDUCE ? 0 : 1; /* sums in place stay 0 */
+    memset(in, fill_byte, alloc);
     memset(out, 0, alloc);
     int iters = (int)(0.02e9 / ((double)bytes / 4 + 20000));
     if (iters < 3) iters = 3;
