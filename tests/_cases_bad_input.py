@@ -1,5 +1,7 @@
 """Bad input: each kind raises a clear error on every rank and leaves the
-group usable (suite "err", reported by tests/test_bad_input.py)."""
+group usable (suite "err", reported by tests/test_bad_input.py). The one
+exception, a disagreement on small rooted ops over the slot rings, fails
+the group and runs last in its own."""
 
 from __future__ import annotations
 
@@ -39,6 +41,25 @@ def c_bad_mismatch_root(ctx):
                      r"mismatch|disagree|differ|root|src",
                      "broadcast where rank 0 names root 0 and the others root 1")
     ctx.check_usable()
+
+
+def c_bad_mismatch_root_slots(ctx):
+    """Over the slot rings a root sends and returns: ranks 0 and 1 both
+    name themselves the root, rank 2 names rank 1, so every broadcast
+    returns (rank 2 got rank 1's tensor). The next op over the staging
+    windows compares the ranks' digests of their small rooted ops: it fails
+    on every rank, and so does the group, its ranks out of step (README,
+    "Errors and timeouts")."""
+    r = ctx.rank
+    t = torch.full((16,), float(r))
+    dist.broadcast(t, src=0 if r == 0 else 1)
+    if r == 2:
+        ctx.same_bits(t, torch.full((16,), 1.0), "rank 2's broadcast from rank 1")
+    ctx.expect_error(lambda: dist.barrier(), OP_RE["barrier"], r"disagree.*digest",
+                     "barrier after a broadcast whose ranks named different roots")
+    ctx.expect_error(lambda: dist.all_reduce(t), OP_RE["all_reduce"],
+                     r"out of step|disagree",
+                     "all_reduce on the group that failed")
 
 
 def c_bad_mismatch_splits(ctx):
@@ -160,6 +181,8 @@ def _register_bad_input():
     add("bad-mismatched_dtype-int32", S, c_bad_mismatch_dtype, other="int32",
         gloo_skip=MISMATCH_SKIP)
     add("bad-mismatched_broadcast_root", S, c_bad_mismatch_root, gloo_skip=MISMATCH_SKIP)
+    add("bad-mismatched_broadcast_root-slots", S, c_bad_mismatch_root_slots,
+        specs=("w3-shm-env-slots",), order=100, gloo_skip=MISMATCH_SKIP)
     add("bad-mismatched_alltoall_splits", S, c_bad_mismatch_splits, gloo_skip=MISMATCH_SKIP)
     add("bad-all_gather_into_tensor_output_size", S, c_bad_agit_size)
     add("bad-reduce_scatter_tensor_input_size", S, c_bad_rst_size,

@@ -44,6 +44,7 @@ OP_RE = {
     "all_to_all_single": op_re("all_to_all_single", "alltoall_base", "alltoall"),
     "send": op_re("send"),
     "recv": op_re("recv"),
+    "barrier": op_re("barrier"),
 }
 
 # A known gap in what an expected error names (Case.msg_gap): such a case is

@@ -95,6 +95,10 @@ uint64_t tcc__coll_desc_expects(const void *desc, int size, int from);
  * disagreement. Deterministic: every rank reaches the same verdict. */
 tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
                                  const void *const *descs, tcc_err_t *err);
+/* The same for two descriptors only: this rank's and peer's (whose part
+ * this rank is about to take), named as such in the message. */
+tcc_result_t tcc__coll_desc_check_peer(const tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_desc_t *mine,
+                                      const tcc_coll_desc_t *theirs, int peer, tcc_err_t *err);
 
 /* When data arriving for this rank could land on input it still has to
  * send (outputs overlapping inputs, other than exact in-place use, which

@@ -141,53 +141,66 @@ static bool first_split_mismatch(const void *const *descs, int n, int *j_out, in
   return false;
 }
 
+/* Descriptor d of rank r against ref of rank ref_rank: TCC_OK, or
+ * TCC_ERR_MISMATCH naming the first field they differ in. An all-to-all's
+ * per-pair counts are checked apart (first_split_mismatch). */
+static tcc_result_t check_against(const tcc_comm_t *comm, const char *op, const tcc_coll_desc_t *ref, int ref_rank,
+                                  const tcc_coll_desc_t *d, int r, tcc_err_t *err) {
+  if (d->seq != ref->seq || d->kind != ref->kind) {
+    return tcc__err_set(err, TCC_ERR_MISMATCH,
+                       "tccomm %s on '%s' (rank %d): ranks issued different collectives: "
+                       "rank %d issued %s #%llu, rank %d issued %s #%llu",
+                       op, comm->name, tcc__self_label(comm), ref_rank, tcc__coll_name((tcc_coll_kind_t)ref->kind),
+                       (unsigned long long)ref->seq, r,
+                       tcc__coll_name((tcc_coll_kind_t)d->kind), (unsigned long long)d->seq);
+  }
+  if (d->dtype != ref->dtype) {
+    return tcc__err_set(err, TCC_ERR_MISMATCH,
+                       "tccomm %s on '%s' (rank %d): dtype mismatch: rank %d has %s, rank %d has %s",
+                       op, comm->name, tcc__self_label(comm), ref_rank, tcc_dtype_name((tcc_dtype_t)ref->dtype), r,
+                       tcc_dtype_name((tcc_dtype_t)d->dtype));
+  }
+  /* An all-to-all's counts are per pair (below); its count field is its
+   * short form's, which ranks need not share. */
+  if (d->count != ref->count && ref->kind != TCC_COLL_ALLTOALL) {
+    return tcc__err_set(err, TCC_ERR_MISMATCH,
+                       "tccomm %s on '%s' (rank %d): size mismatch: rank %d has %llu elements, "
+                       "rank %d has %llu",
+                       op, comm->name, tcc__self_label(comm), ref_rank, (unsigned long long)ref->count, r,
+                       (unsigned long long)d->count);
+  }
+  if (d->redop != ref->redop) {
+    return tcc__err_set(err, TCC_ERR_MISMATCH,
+                       "tccomm %s on '%s' (rank %d): reduce op mismatch: rank %d uses %s, rank %d uses %s",
+                       op, comm->name, tcc__self_label(comm), ref_rank, tcc_redop_name((tcc_redop_t)ref->redop), r,
+                       tcc_redop_name((tcc_redop_t)d->redop));
+  }
+  if (d->root != ref->root) {
+    return tcc__err_set(err, TCC_ERR_MISMATCH,
+                       "tccomm %s on '%s' (rank %d): root mismatch: rank %d uses root %d, rank %d uses %d",
+                       op, comm->name, tcc__self_label(comm), ref_rank, ref->root, r, d->root);
+  }
+  return TCC_OK;
+}
+
+tcc_result_t tcc__coll_desc_check_peer(const tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_desc_t *mine,
+                                      const tcc_coll_desc_t *theirs, int peer, tcc_err_t *err) {
+  if (TCC_MUTANT(MISMATCH_UNCHECKED)) return TCC_OK; /* MUTATION SITE */
+  return check_against(comm, tcc__coll_name(c->kind), mine, tcc__self_label(comm), theirs, peer, err);
+}
+
 tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
                                  const void *const *descs, tcc_err_t *err) {
   if (TCC_MUTANT(MISMATCH_UNCHECKED)) return TCC_OK; /* MUTATION SITE */
   const int n = comm->size;
-  const tcc_coll_desc_t *mine = desc_at(descs, comm->rank);
   const char *op = tcc__coll_name(c->kind);
   /* Compare every rank against rank 0, in rank order, so the first
    * disagreement reported is the same everywhere. */
   const tcc_coll_desc_t *ref = desc_at(descs, 0);
   for (int r = 1; r < n; r++) {
-    const tcc_coll_desc_t *d = desc_at(descs, r);
-    if (d->seq != ref->seq || d->kind != ref->kind) {
-      return tcc__err_set(err, TCC_ERR_MISMATCH,
-                         "tccomm %s on '%s' (rank %d): ranks issued different collectives: "
-                         "rank 0 issued %s #%llu, rank %d issued %s #%llu",
-                         op, comm->name, tcc__self_label(comm), tcc__coll_name((tcc_coll_kind_t)ref->kind),
-                         (unsigned long long)ref->seq, r,
-                         tcc__coll_name((tcc_coll_kind_t)d->kind), (unsigned long long)d->seq);
-    }
-    if (d->dtype != ref->dtype) {
-      return tcc__err_set(err, TCC_ERR_MISMATCH,
-                         "tccomm %s on '%s' (rank %d): dtype mismatch: rank 0 has %s, rank %d has %s",
-                         op, comm->name, tcc__self_label(comm), tcc_dtype_name((tcc_dtype_t)ref->dtype), r,
-                         tcc_dtype_name((tcc_dtype_t)d->dtype));
-    }
-    /* An all-to-all's counts are per pair (below); its count field is its
-     * short form's, which ranks need not share. */
-    if (d->count != ref->count && ref->kind != TCC_COLL_ALLTOALL) {
-      return tcc__err_set(err, TCC_ERR_MISMATCH,
-                         "tccomm %s on '%s' (rank %d): size mismatch: rank 0 has %llu elements, "
-                         "rank %d has %llu",
-                         op, comm->name, tcc__self_label(comm), (unsigned long long)ref->count, r,
-                         (unsigned long long)d->count);
-    }
-    if (d->redop != ref->redop) {
-      return tcc__err_set(err, TCC_ERR_MISMATCH,
-                         "tccomm %s on '%s' (rank %d): reduce op mismatch: rank 0 uses %s, rank %d uses %s",
-                         op, comm->name, tcc__self_label(comm), tcc_redop_name((tcc_redop_t)ref->redop), r,
-                         tcc_redop_name((tcc_redop_t)d->redop));
-    }
-    if (d->root != ref->root) {
-      return tcc__err_set(err, TCC_ERR_MISMATCH,
-                         "tccomm %s on '%s' (rank %d): root mismatch: rank 0 uses root %d, rank %d uses %d",
-                         op, comm->name, tcc__self_label(comm), ref->root, r, d->root);
-    }
+    tcc_result_t bad = check_against(comm, op, ref, 0, desc_at(descs, r), r, err);
+    if (bad != TCC_OK) return bad;
   }
-  (void)mine;
   if (c->kind == TCC_COLL_ALLTOALL) {
     /* What j sends to k must be what k expects from j. */
     int j, k;

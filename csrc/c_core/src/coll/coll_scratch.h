@@ -50,6 +50,11 @@ typedef struct tcc__coll_scratch {
   /* the thread that runs the hierarchical allreduces' cross-host phases
    * (hier_pipe.c), started on first use */
   struct tcc__hier_pipe *pipe;
+  /* slot rings (coll_slots.c): ops run over them so far, the least
+   * progress of the peers last read, the digest of this rank's
+   * descriptors of them, and the first and last op numbers among them
+   * since the digests were last compared (0: none) */
+  uint64_t slot_pos, slot_room, slot_digest, slot_first_seq, slot_last_seq;
 } tcc__coll_scratch_t;
 
 /* hier_pipe.c: a thread that runs posted jobs, one at a time, while the
@@ -114,6 +119,20 @@ tcc_result_t tcc__direct_move(tcc_comm_t *comm, const tcc_coll_t *c, const void 
 /* For the op log: whether this rank expects single-copy movement for c
  * (the group may still fall back: it learns the peers' verdicts in the op). */
 bool tcc__direct_expected(tcc_comm_t *comm, const tcc_coll_t *c);
+
+/* coll_slots.c: small rooted ops over the slot rings (see the file).
+ * fit: whether c goes there (the same answer on every rank that agrees
+ * on c). publish: before an op's first stage barrier over the windows,
+ * this rank's digest of its slot-ring ops beside its descriptor of
+ * `parity`; verify, after it: every rank's digest alike, else
+ * TCC_ERR_MISMATCH, naming the op (seq) and the ranks, and the
+ * communicator fails. */
+bool tcc__coll_slots_fit(tcc_comm_t *comm, const tcc_coll_t *c);
+tcc_result_t tcc__coll_slots_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
+                                 tcc_err_t *err);
+void tcc__coll_slots_publish(tcc_comm_t *comm, int parity);
+tcc_result_t tcc__coll_slots_verify(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int parity,
+                                    tcc_err_t *err);
 
 /* coll_staged.c, coll_stream.c: one collective over each kind of transport offer. */
 tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,

@@ -84,6 +84,7 @@ const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c) {
   const int reduction = c->kind == TCC_COLL_ALLREDUCE || c->kind == TCC_COLL_REDUCE || c->kind == TCC_COLL_REDUCE_SCATTER;
   if (comm->ops->spans) {
     if (c->kind == TCC_COLL_BARRIER) return "spans stage barrier";
+    if (tcc__coll_slots_fit(comm, c)) return "spans slot rings";
     if (!reduction) return tcc__direct_expected(comm, c) ? "spans single-copy reads" : "spans windowed copy";
     if (tcc__coll_staged_one_shot(c->kind, c->count * tcc_dtype_size(c->dtype), comm->ops->spans->one_shot_bytes(comm)))
       return "spans one-shot reduction";

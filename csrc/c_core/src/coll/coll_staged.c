@@ -67,8 +67,13 @@ static void copy_stream(char *dst, const coll_piece_t *pieces, int np, size_t fr
 /* The first stage's barrier and the agreement check. */
 static tcc_result_t first_stage_sync(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, int parity,
                                      uint64_t seq, int64_t deadline, tcc_err_t *err) {
+  const bool slots = st->sp->slot_count(comm) > 0;
+  if (slots) tcc__coll_slots_publish(comm, parity);
   tcc_result_t r = stage_barrier(st, deadline, tcc__coll_name(c->kind), seq, err);
   if (r != TCC_OK) return r;
+  /* The small rooted ops before this one first: a disagreement there
+   * fails the communicator, whatever this op's descriptors say. */
+  if (slots && (r = tcc__coll_slots_verify(comm, c, seq, parity, err)) != TCC_OK) return r;
   for (int j = 0; j < comm->size; j++) st->sc->descs[j] = desc_of(st, j, parity);
   return tcc__coll_desc_check(comm, c, st->sc->descs, err);
 }
@@ -423,6 +428,11 @@ tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory",
                        tcc__coll_name(c->kind), comm->name, tcc__self_label(comm));
   tcc_result_t r;
+  if (tcc__coll_slots_fit(comm, &staged)) {
+    r = tcc__coll_slots_run(comm, &staged, seq, deadline_ns, err);
+    free(snapshot);
+    return r;
+  }
   switch (c->kind) {
     case TCC_COLL_ALLREDUCE:
     case TCC_COLL_REDUCE:

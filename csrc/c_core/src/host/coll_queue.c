@@ -40,10 +40,12 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
     snprintf(err.msg + len, sizeof err.msg - len, " [op timeout %lld ms]", (long long)op->timeout_ms);
   }
   /* A mismatch is detected by every rank before data moves, so the
-   * communicator stays usable; anything else leaves ranks out of step. */
+   * communicator stays usable; anything else leaves ranks out of step
+   * (and so does a mismatch found after some ranks went on: the
+   * algorithm that found it failed the communicator already). */
   if (r != TCC_OK && r != TCC_ERR_MISMATCH && r != TCC_ERR_INVALID && r != TCC_ERR_UNSUPPORTED)
     tcc__comm_fail(comm, r, err.msg);
-  else if (r != TCC_OK)
+  else if (r != TCC_OK && !atomic_load(&comm->aborted))
     TCC_LOG_WARN(comm->rank, "%s (the communicator stays usable)", err.msg);
   tcc__op_finish(op, r, err.msg);
 }

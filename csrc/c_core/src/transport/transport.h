@@ -58,6 +58,28 @@ typedef struct tcc__spans_ops {
                             uint64_t seq, tcc_err_t *err);
   tcc_result_t (*peer_write)(tcc_comm_t *comm, int rank, const void *local, uint64_t remote, size_t len,
                              const char *what, uint64_t seq, tcc_err_t *err);
+  /* Slot rings (coll/coll_slots.c): every rank owns slot_count() slots of
+   * slot_bytes() each (0 slots: none), which only it writes and every rank
+   * reads; slot(comm, rank, i) is slot i mod slot_count() of `rank`. Its
+   * progress line holds two words only it writes ([0] and [1]); peers
+   * read them. Every slot and progress word starts at 0. */
+  unsigned (*slot_count)(tcc_comm_t *comm);
+  size_t (*slot_bytes)(tcc_comm_t *comm);
+  char *(*slot)(tcc_comm_t *comm, int rank, uint64_t index);
+  atomic_ullong *(*slot_progress)(tcc_comm_t *comm, int rank);
+  /* Waits until ready(arg), with the stage barrier's checks: abort, and
+   * whether `peer` lives (an error names `what` and seq); TCC_ERR_TIMEOUT
+   * at the deadline, without a message. A writer of a slot or progress
+   * word calls slot_wake after its store, to wake peers asleep in here. */
+  tcc_result_t (*slot_wait)(tcc_comm_t *comm, bool (*ready)(void *arg), void *arg, int peer, int64_t deadline_ns,
+                            const char *what, uint64_t seq, tcc_err_t *err);
+  void (*slot_wake)(tcc_comm_t *comm);
+  /* Whether `rank` arrived at a stage barrier this rank has not passed:
+   * it runs a later op than this rank's. */
+  bool (*stage_ahead)(tcc_comm_t *comm, int rank);
+  /* 8 bytes beside a rank's descriptor of a parity, which reach the peers
+   * with it: the digest of the slot-ring ops it ran (coll_slots.c). */
+  uint64_t *(*digest)(tcc_comm_t *comm, int rank, int parity);
 } tcc__spans_ops_t;
 
 /* Byte streams between every pair of ranks, reserved for collectives (the

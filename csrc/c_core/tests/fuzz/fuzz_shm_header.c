@@ -24,7 +24,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (tcc__shm_check_header(h, n, bytes, "fuzz", &err) == TCC_OK) {
     /* Accepted: everything the transport later derives from it fits. */
     assert(h->size == (uint32_t)n && h->small_bytes <= h->window);
-    assert(h->ring_off <= h->seg.total_bytes && h->seg.total_bytes == bytes);
+    assert(h->ring_off <= h->slots_off && h->slots_off <= h->seg.total_bytes && h->seg.total_bytes == bytes);
+    /* The slot rings, when there are any, lie inside the segment. */
+    assert(h->slot_bytes == 0 || h->slots_off + (uint64_t)n * shm_slots_stride(h) <= h->seg.total_bytes);
   } else {
     assert(err.code == TCC_ERR_INVALID);
   }

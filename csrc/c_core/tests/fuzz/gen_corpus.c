@@ -238,24 +238,26 @@ static void gen_stream_frames(void) {
 static uint64_t align_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 /* The layout shm_setup.c lays out, recomputed; the check below proves it right. */
-static void shm_layout(shm_header_t *h, int n, uint64_t window) {
+static void shm_layout(shm_header_t *h, int n, uint64_t window, uint64_t slot_bytes) {
   memset(h, 0, sizeof *h);
   h->size = (uint32_t)n;
   h->window = window;
   h->small_bytes = window < 32768 ? window : 32768;
   h->ring_bytes = n <= 4 ? (1u << 20) : align_to((4u << 20) / (uint64_t)n, 4096);
   if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
-  h->desc_stride = align_to(SHM_ARRIVAL_BYTES + tcc__coll_spans_desc_bytes(n), TCC_CACHELINE);
+  h->slot_bytes = slot_bytes;
+  h->desc_stride = align_to(SHM_DESC_OFFSET + tcc__coll_spans_desc_bytes(n), TCC_CACHELINE);
   h->ctrl_off = TCC_SEGMENT_HEAD_BYTES;
   h->desc_off = align_to(h->ctrl_off + (uint64_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
   h->data_off = align_to(h->desc_off + (uint64_t)n * 2 * h->desc_stride, 4096);
   h->ring_off = h->data_off + (uint64_t)n * 4 * window;
-  h->seg.total_bytes = h->ring_off + (uint64_t)n * n * align_to(sizeof(shm_ring_t) + h->ring_bytes, 4096);
+  h->slots_off = h->ring_off + (uint64_t)n * n * align_to(sizeof(shm_ring_t) + h->ring_bytes, 4096);
+  h->seg.total_bytes = h->slots_off + (slot_bytes ? align_to(n * (TCC_CACHELINE + SHM_SLOTS * slot_bytes), 4096) : 0);
 }
 
-static void shm_seed(const char *name, int n, uint64_t window, int broken_field) {
+static void shm_seed(const char *name, int n, uint64_t window, uint64_t slot_bytes, int broken_field) {
   shm_header_t h;
-  shm_layout(&h, n, window);
+  shm_layout(&h, n, window, slot_bytes);
   tcc_err_t err = {TCC_OK, {0}};
   if (tcc__shm_check_header(&h, n, h.seg.total_bytes, "gen", &err) != TCC_OK) {
     fprintf(stderr, "gen_corpus: %s\n", err.msg);
@@ -263,6 +265,7 @@ static void shm_seed(const char *name, int n, uint64_t window, int broken_field)
   }
   if (broken_field == 1) h.data_off += 4096;
   if (broken_field == 2) h.small_bytes = window + 1;
+  if (broken_field == 3) h.slot_bytes += 8;
   out_t o = {.len = 0};
   uint16_t n16 = (uint16_t)(n - 1);
   uint64_t bytes = h.seg.total_bytes;
@@ -273,10 +276,12 @@ static void shm_seed(const char *name, int n, uint64_t window, int broken_field)
 }
 
 static void gen_shm_header(void) {
-  shm_seed("two-ranks", 2, 512 * 1024, 0);
-  shm_seed("five-ranks-small-window", 5, 4096, 0);
-  shm_seed("bad-data-off", 2, 512 * 1024, 1);
-  shm_seed("small-over-window", 2, 4096, 2);
+  shm_seed("two-ranks", 2, 512 * 1024, 0, 0);
+  shm_seed("five-ranks-small-window", 5, 4096, 0, 0);
+  shm_seed("three-ranks-slots", 3, 512 * 1024, 512, 0);
+  shm_seed("bad-data-off", 2, 512 * 1024, 0, 1);
+  shm_seed("small-over-window", 2, 4096, 0, 2);
+  shm_seed("slot-not-whole-lines", 2, 4096, 512, 3);
 }
 
 /* ---- windows ---- */

@@ -20,6 +20,8 @@
  *          | per-rank slots [2 parities]: barrier arrival, then descriptor
  *          | per-rank staging [2 parities] x (input window W, result window W)
  *          | p2p rings, one per ordered pair of ranks
+ *          | per-rank slot rings (small rooted ops; absent when slot_bytes is 0):
+ *            progress line, then SHM_SLOTS slots of slot_bytes
  *
  * The staging areas are the spans of transport.h's stage rule: collective
  * algorithms (coll/coll_staged.c) advance in stages, one barrier each.
@@ -41,7 +43,8 @@ typedef struct shm_header {
   uint64_t ring_bytes;  /* p2p ring capacity per ordered pair */
   uint64_t direct_bytes; /* movement from this size reads peers' memory directly */
   uint64_t desc_stride;
-  uint64_t ctrl_off, desc_off, data_off, ring_off;
+  uint64_t slot_bytes;  /* bytes of one slot of the slot rings; 0: none */
+  uint64_t ctrl_off, desc_off, data_off, ring_off, slots_off;
   _Alignas(TCC_CACHELINE) atomic_uint barrier_futex;
   atomic_int barrier_sleepers;
 } shm_header_t;
@@ -107,16 +110,36 @@ static inline shm_rank_ctrl_t *shm_ctrl(shm_state_t *st, int r) {
   return (shm_rank_ctrl_t *)(st->base + st->hdr->ctrl_off) + r;
 }
 /* A rank's slot of one parity starts on a cache line with the last stage of
- * that parity the rank reached (its barrier arrival), followed by its
- * descriptor span: a peer that sees the arrival has the descriptor, and a
- * small one-shot input after it (tcc__spans_ops_t.desc_inline_bytes), in
- * the same line, one transfer between cores instead of three. */
+ * that parity the rank reached (its barrier arrival) and the digest of
+ * its slot-ring ops (tcc__spans_ops_t.digest), followed by its descriptor
+ * span: a peer that sees the arrival has the descriptor, and a small
+ * one-shot input after it (tcc__spans_ops_t.desc_inline_bytes), in the
+ * same line, one transfer between cores instead of three. */
 #define SHM_ARRIVAL_BYTES 8
+#define SHM_DIGEST_BYTES 8
+#define SHM_DESC_OFFSET (SHM_ARRIVAL_BYTES + SHM_DIGEST_BYTES)
 static inline atomic_ullong *shm_arrival(shm_state_t *st, int r, int parity) {
   return (atomic_ullong *)(st->base + st->hdr->desc_off + ((size_t)r * 2 + (size_t)parity) * st->hdr->desc_stride);
 }
+static inline uint64_t *shm_digest(shm_state_t *st, int r, int parity) {
+  return (uint64_t *)((char *)shm_arrival(st, r, parity) + SHM_ARRIVAL_BYTES);
+}
 static inline char *shm_desc(shm_state_t *st, int r, int parity) {
-  return (char *)shm_arrival(st, r, parity) + SHM_ARRIVAL_BYTES;
+  return (char *)shm_arrival(st, r, parity) + SHM_DESC_OFFSET;
+}
+
+/* The slot rings (tcc__spans_ops_t.slot): SHM_SLOTS slots per rank, which
+ * only that rank writes, after a line of its progress (entered, then
+ * finished: the last slot-ring op it started and the last it completed). */
+#define SHM_SLOTS 32
+static inline size_t shm_slots_stride(const shm_header_t *h) {
+  return TCC_CACHELINE + SHM_SLOTS * (size_t)h->slot_bytes;
+}
+static inline atomic_ullong *shm_slot_progress(shm_state_t *st, int r) {
+  return (atomic_ullong *)(st->base + st->hdr->slots_off + (size_t)r * shm_slots_stride(st->hdr));
+}
+static inline char *shm_slot(shm_state_t *st, int r, unsigned index) {
+  return (char *)shm_slot_progress(st, r) + TCC_CACHELINE + (size_t)(index % SHM_SLOTS) * st->hdr->slot_bytes;
 }
 /* Input window of rank r for a parity. */
 static inline char *shm_in(shm_state_t *st, int r, int parity) {

@@ -32,6 +32,11 @@
  * 64 KiB all_gather 11.9 us staged, 15.5 us single-copy). */
 #define DEFAULT_DIRECT_OWN_CPUS (16u * 1024u)
 #define DEFAULT_DIRECT_SHARED_CPUS (64u * 1024u)
+/* A slot of the slot rings holds its op number, its descriptor and the
+ * payload; 0 turns the slot rings off. */
+#define DEFAULT_SLOT_BYTES 0u
+#define MIN_SLOT_BYTES 64u
+#define MAX_SLOT_BYTES (64u * 1024u)
 
 _Static_assert(sizeof(shm_header_t) <= HEADER_BYTES, "the header must fit the segment's first page");
 
@@ -54,7 +59,8 @@ static size_t min_window(int n) { return align_up((size_t)n * TCC_CACHELINE, 409
 /* Rank 0's choice of the tunables: its environment and its view of the
  * CPUs decide (own_cpus: no more ranks on the host than CPUs they may use
  * between them), and the header carries the result to every other rank. */
-static void choose_sizes(int n, bool own_cpus, uint64_t *window, uint64_t *small, uint64_t *direct) {
+static void choose_sizes(int n, bool own_cpus, uint64_t *window, uint64_t *small, uint64_t *direct,
+                         uint64_t *slot) {
   size_t w = align_up(env_bytes("TCCOMM_SHM_WINDOW_BYTES", DEFAULT_WINDOW, 4096, MAX_WINDOW), 4096);
   if (w < min_window(n)) w = min_window(n);
   size_t s = env_bytes("TCCOMM_SHM_SMALL_BYTES", DEFAULT_SMALL, 0, w);
@@ -62,23 +68,31 @@ static void choose_sizes(int n, bool own_cpus, uint64_t *window, uint64_t *small
   *small = s < w ? s : w;
   *direct = env_bytes("TCCOMM_SHM_DIRECT_BYTES", own_cpus ? DEFAULT_DIRECT_OWN_CPUS : DEFAULT_DIRECT_SHARED_CPUS, 0,
                       SIZE_MAX);
+  const size_t sb = env_bytes("TCCOMM_SHM_SLOT_BYTES", DEFAULT_SLOT_BYTES, 0, MAX_SLOT_BYTES);
+  *slot = sb == 0 ? 0 : align_up(sb < MIN_SLOT_BYTES ? MIN_SLOT_BYTES : sb, TCC_CACHELINE);
+}
+
+static bool slot_bytes_valid(uint64_t b) {
+  return b == 0 || (b >= MIN_SLOT_BYTES && b <= MAX_SLOT_BYTES && b % TCC_CACHELINE == 0);
 }
 
 /* Everything else follows from the group size and the window: rank 0 lays
  * the segment out with it, the other ranks recompute it to check the
  * header. With n <= TCC_MAX_RANKS and window <= MAX_WINDOW nothing here
  * comes near overflow. */
-static void layout(shm_header_t *h, int n, uint64_t window) {
+static void layout(shm_header_t *h, int n, uint64_t window, uint64_t slot_bytes) {
   h->size = (uint32_t)n;
   h->window = window;
   h->ring_bytes = n <= 4 ? (1u << 20) : align_up((4u << 20) / (size_t)n, 4096);
   if (h->ring_bytes < (64u << 10)) h->ring_bytes = 64u << 10;
-  h->desc_stride = align_up(SHM_ARRIVAL_BYTES + tcc__coll_spans_desc_bytes(n), TCC_CACHELINE);
+  h->slot_bytes = slot_bytes;
+  h->desc_stride = align_up(SHM_DESC_OFFSET + tcc__coll_spans_desc_bytes(n), TCC_CACHELINE);
   h->ctrl_off = HEADER_BYTES;
   h->desc_off = align_up(h->ctrl_off + (size_t)n * sizeof(shm_rank_ctrl_t), TCC_CACHELINE);
   h->data_off = align_up(h->desc_off + (size_t)n * 2 * h->desc_stride, 4096);
   h->ring_off = h->data_off + (size_t)n * 2 * 2 * h->window;
-  h->seg.total_bytes = h->ring_off + (size_t)n * (size_t)n * shm_ring_stride(h);
+  h->slots_off = h->ring_off + (size_t)n * (size_t)n * shm_ring_stride(h);
+  h->seg.total_bytes = h->slots_off + (slot_bytes ? align_up((size_t)n * shm_slots_stride(h), 4096) : 0);
 }
 
 /* ---- setup ------------------------------------------------------------ */
@@ -89,9 +103,9 @@ static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id,
                                    int *fd, tcc_err_t *err) {
   shm_header_t h;
   memset(&h, 0, sizeof h);
-  uint64_t window, small, direct;
-  choose_sizes(comm->size, comm->cpu_share.spin_while_away, &window, &small, &direct);
-  layout(&h, comm->size, window);
+  uint64_t window, small, direct, slot;
+  choose_sizes(comm->size, comm->cpu_share.spin_while_away, &window, &small, &direct, &slot);
+  layout(&h, comm->size, window, slot);
   void *base;
   tcc_result_t r = tcc__segment_create(id, h.seg.total_bytes, comm->size, who, &base, fd, err);
   if (r != TCC_OK) return r;
@@ -102,11 +116,13 @@ static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id,
   hdr->small_bytes = small;
   hdr->direct_bytes = direct;
   hdr->ring_bytes = h.ring_bytes;
+  hdr->slot_bytes = h.slot_bytes;
   hdr->desc_stride = h.desc_stride;
   hdr->ctrl_off = h.ctrl_off;
   hdr->desc_off = h.desc_off;
   hdr->data_off = h.data_off;
   hdr->ring_off = h.ring_off;
+  hdr->slots_off = h.slots_off;
   tcc__segment_publish(base);
   st->base = base;
   st->bytes = h.seg.total_bytes;
@@ -136,9 +152,12 @@ tcc_result_t tcc__shm_check_header(const shm_header_t *h, int n, size_t bytes, c
   if (h->small_bytes > h->window)
     return bad_header(who, err, "small-message threshold of %llu bytes exceeds the %llu-byte window",
                       (unsigned long long)h->small_bytes, (unsigned long long)h->window);
+  if (!slot_bytes_valid(h->slot_bytes))
+    return bad_header(who, err, "slot of %llu bytes is neither 0 nor a multiple of %d in [%u, %u]",
+                      (unsigned long long)h->slot_bytes, TCC_CACHELINE, MIN_SLOT_BYTES, MAX_SLOT_BYTES);
   shm_header_t want;
   memset(&want, 0, sizeof want);
-  layout(&want, n, h->window);
+  layout(&want, n, h->window, h->slot_bytes);
   const struct {
     const char *what;
     uint64_t got, want;
@@ -146,6 +165,7 @@ tcc_result_t tcc__shm_check_header(const shm_header_t *h, int n, size_t bytes, c
       {"ring_bytes", h->ring_bytes, want.ring_bytes}, {"desc_stride", h->desc_stride, want.desc_stride},
       {"ctrl_off", h->ctrl_off, want.ctrl_off},       {"desc_off", h->desc_off, want.desc_off},
       {"data_off", h->data_off, want.data_off},       {"ring_off", h->ring_off, want.ring_off},
+      {"slots_off", h->slots_off, want.slots_off},
       {"total", h->seg.total_bytes, want.seg.total_bytes}, {"segment size", bytes, want.seg.total_bytes},
   };
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {

@@ -74,17 +74,22 @@ static bool missing_rank_here(void *arg) {
   return false;
 }
 
+/* TCC_ERR_ABORTED, with the cause, once this rank's communicator failed
+ * while it waits in op `what` #seq. */
+static tcc_result_t failed_while_waiting(tcc_comm_t *comm, const char *what, uint64_t seq, tcc_err_t *err) {
+  if (!atomic_load(&comm->aborted)) return TCC_OK;
+  char cause[TCC_ERRLEN];
+  tcc__comm_failure(comm, cause, sizeof cause);
+  return tcc__err_set(err, TCC_ERR_ABORTED, "tccomm %s #%llu on '%s' (rank %d) interrupted: %s", what,
+                      (unsigned long long)seq, comm->name, tcc__self_label(comm), cause);
+}
+
 /* The communicator failed, or a rank that has not arrived is gone. */
 static tcc_result_t arrival_trouble(void *arg, int64_t now_ns) {
   (void)now_ns;
   arrival_t *a = arg;
   tcc_comm_t *comm = a->comm;
-  if (atomic_load(&comm->aborted)) {
-    char cause[TCC_ERRLEN];
-    tcc__comm_failure(comm, cause, sizeof cause);
-    return tcc__err_set(a->err, TCC_ERR_ABORTED, "tccomm %s #%llu on '%s' (rank %d) interrupted: %s", a->what,
-                       (unsigned long long)a->seq, comm->name, tcc__self_label(comm), cause);
-  }
+  if (failed_while_waiting(comm, a->what, a->seq, a->err) != TCC_OK) return TCC_ERR_ABORTED;
   for (int k = a->first; k < a->n; k++) {
     if (reached(a->st, k, a->stage)) continue;
     tcc_result_t gone = tcc__shm_peer_check(comm, a->st, k, false, a->what, a->err);
@@ -159,6 +164,82 @@ static void prefetch_writes(tcc_comm_t *comm, int parity, size_t bytes) {
   for (size_t off = 0; off < bytes; off += TCC_CACHELINE) prefetch_for_write(in + off);
 }
 
+/* ---- slot rings --------------------------------------------------------- */
+
+/* One rank's wait on a peer's slot or progress (the idle wait's argument). */
+typedef struct slot_waiter {
+  tcc_comm_t *comm;
+  shm_state_t *st;
+  bool (*ready)(void *arg);
+  void *arg;
+  int peer;
+  const char *what;
+  uint64_t seq;
+  tcc_err_t *err;
+} slot_waiter_t;
+
+static bool slot_ready(void *arg) {
+  slot_waiter_t *w = arg;
+  return w->ready(w->arg);
+}
+
+static bool slot_peer_here(void *arg) {
+  slot_waiter_t *w = arg;
+  const int here = tcc__cpu_now();
+  const int cpu = atomic_load_explicit(&shm_ctrl(w->st, w->peer)->cpu, memory_order_relaxed);
+  return here < 0 || cpu < 0 || cpu == here;
+}
+
+static tcc_result_t slot_trouble(void *arg, int64_t now_ns) {
+  (void)now_ns;
+  slot_waiter_t *w = arg;
+  if (failed_while_waiting(w->comm, w->what, w->seq, w->err) != TCC_OK) return TCC_ERR_ABORTED;
+  return tcc__shm_peer_check(w->comm, w->st, w->peer, false, w->what, w->err);
+}
+
+static tcc_result_t slot_wait(tcc_comm_t *comm, bool (*ready)(void *arg), void *arg, int peer, int64_t deadline_ns,
+                              const char *what, uint64_t seq, tcc_err_t *err) {
+  if (ready(arg)) return TCC_OK;
+  shm_state_t *st = shm_of(comm);
+  shm_header_t *h = st->hdr;
+  slot_waiter_t sw = {comm, st, ready, arg, peer, what, seq, err};
+  note_cpu(shm_ctrl(st, comm->rank));
+  const tcc__idle_wait_t w = {.ready = slot_ready, .check = slot_trouble, .arg = &sw,
+                              .spins = comm->cpu_share.spins,
+                              .peer_here = comm->cpu_share.spin_while_away ? slot_peer_here : NULL,
+                              .away_spin_ns = TCC_CPU_AWAY_SPIN_NS, .yields = 64, .max_nap_ns = 20 * 1000000LL,
+                              .deadline_ns = deadline_ns, .word = &h->barrier_futex,
+                              .sleepers = &h->barrier_sleepers};
+  tcc_result_t r = tcc__idle_wait(&w);
+  note_cpu(shm_ctrl(st, comm->rank));
+  return r;
+}
+
+/* The slot rings share the stage barrier's futex word: a wait in either
+ * sleeps there, and every store that may end one wakes it. */
+static void slot_wake(tcc_comm_t *comm) {
+  shm_header_t *h = shm_of(comm)->hdr;
+  if (atomic_load(&h->barrier_sleepers) > 0) {
+    atomic_fetch_add(&h->barrier_futex, 1);
+    tcc__futex_wake_all(&h->barrier_futex);
+  }
+}
+
+static bool stage_ahead(tcc_comm_t *comm, int rank) {
+  shm_state_t *st = shm_of(comm);
+  return reached(st, rank, st->stage + 1);
+}
+
+static unsigned slot_count(tcc_comm_t *comm) { return shm_of(comm)->hdr->slot_bytes ? SHM_SLOTS : 0; }
+static size_t slot_bytes(tcc_comm_t *comm) { return shm_of(comm)->hdr->slot_bytes; }
+static char *slot_at(tcc_comm_t *comm, int rank, uint64_t index) {
+  return shm_slot(shm_of(comm), rank, (unsigned)(index % SHM_SLOTS));
+}
+static atomic_ullong *slot_progress(tcc_comm_t *comm, int rank) { return shm_slot_progress(shm_of(comm), rank); }
+static uint64_t *digest_of(tcc_comm_t *comm, int rank, int parity) { return shm_digest(shm_of(comm), rank, parity); }
+
+/* ---- the table -------------------------------------------------------- */
+
 static size_t window_bytes(tcc_comm_t *comm) { return shm_of(comm)->window; }
 static size_t one_shot_bytes(tcc_comm_t *comm) { return shm_of(comm)->small_bytes; }
 static char *desc_span(tcc_comm_t *comm, int rank, int parity) { return shm_desc(shm_of(comm), rank, parity); }
@@ -168,14 +249,14 @@ static int next_parity(tcc_comm_t *comm) { return (int)((shm_of(comm)->stage + 1
 static size_t direct_bytes(tcc_comm_t *comm) { return shm_of(comm)->direct_bytes; }
 static size_t direct_agreed_bytes(tcc_comm_t *comm) { return shm_of(comm)->hdr->direct_bytes; }
 
-_Static_assert(SHM_ARRIVAL_BYTES + sizeof(tcc_coll_desc_t) <= TCC_CACHELINE,
-               "a rank's arrival and its descriptor share a cache line");
+_Static_assert(SHM_DESC_OFFSET + sizeof(tcc_coll_desc_t) <= TCC_CACHELINE,
+               "a rank's arrival, digest and descriptor share a cache line");
 
 const tcc__spans_ops_t tcc__shm_spans = {
     .window_bytes = window_bytes,
     .one_shot_bytes = one_shot_bytes,
     .desc = desc_span,
-    .desc_inline_bytes = TCC_CACHELINE - SHM_ARRIVAL_BYTES - sizeof(tcc_coll_desc_t),
+    .desc_inline_bytes = TCC_CACHELINE - SHM_DESC_OFFSET - sizeof(tcc_coll_desc_t),
     .input = input_span,
     .result = result_span,
     .next_parity = next_parity,
@@ -185,4 +266,12 @@ const tcc__spans_ops_t tcc__shm_spans = {
     .direct_agreed_bytes = direct_agreed_bytes,
     .peer_read = tcc__shm_peer_read,
     .peer_write = tcc__shm_peer_write,
+    .slot_count = slot_count,
+    .slot_bytes = slot_bytes,
+    .slot = slot_at,
+    .slot_progress = slot_progress,
+    .slot_wait = slot_wait,
+    .slot_wake = slot_wake,
+    .stage_ahead = stage_ahead,
+    .digest = digest_of,
 };
