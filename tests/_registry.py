@@ -105,11 +105,12 @@ SPECS = [
     # the group timeout is not what these cases test.
     Spec("w2-shm-env-huge", 2, "shm", "env", kind="huge", pg_timeout=600.0),
     Spec("w2-tcp-env-huge", 2, "tcp", "env", kind="huge", pg_timeout=600.0),
-    # Small rooted ops over the slot rings (TCCOMM_SHM_SLOT_BYTES; off by
-    # default): the per-op matrix (suite "coll") again, and the cases that
-    # name this spec.
-    Spec("w3-shm-env-slots", 3, "shm", "env", kind="slots",
-         env=(("TCCOMM_SHM_SLOT_BYTES", "1024"),)),
+    # Small rooted ops go over the slot rings by default: the per-op matrix
+    # (suite "coll") again with them off, over the staging windows.
+    Spec("w3-shm-env-noslots", 3, "shm", "env", kind="noslots",
+         env=(("TCCOMM_SHM_SLOT_BYTES", "0"),)),
+    # A disagreement on a small rooted op fails its group: a group of its own.
+    Spec("w3-shm-env-slots", 3, "shm", "env", kind="slots"),
 ]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
@@ -127,7 +128,7 @@ def cases_for(spec: Spec, suite: str | None = None) -> list[Case]:
         if suite is not None and c.suite != suite:
             continue
         if c.specs is None:
-            if spec.kind != "main" and not (spec.kind == "slots" and c.suite == "coll"):
+            if spec.kind != "main" and not (spec.kind == "noslots" and c.suite == "coll"):
                 continue
         elif spec.name not in c.specs:
             continue

@@ -108,6 +108,22 @@ static void *real_segment(const tcc_segment_id_t *id, size_t bytes, int *creator
   return base;
 }
 
+/* A stage barrier's arrival word keeps a stage's low 32 bits: a rank has
+ * reached a stage when its word is at most 2^31 - 1 stages past it, so a
+ * job's 2^32nd stage reads as the next one, not as stage 0. */
+static void test_stage_wrap(void) {
+  const uint64_t around[] = {1, 2, 1000, (1ull << 31) - 1, 1ull << 31, (1ull << 32) - 2, (1ull << 32) - 1,
+                             1ull << 32, (1ull << 32) + 1, (5ull << 32) + 7};
+  for (size_t i = 0; i < sizeof around / sizeof *around; i++) {
+    const uint64_t s = around[i];
+    CHECK(shm_stage_reached((uint32_t)s, s), "stage %llu: its own arrival", (unsigned long long)s);
+    CHECK(shm_stage_reached((uint32_t)(s + 2), s), "stage %llu: the next of its parity", (unsigned long long)s);
+    CHECK(!shm_stage_reached((uint32_t)(s - 2), s), "stage %llu: the last of its parity", (unsigned long long)s);
+    CHECK(!shm_stage_reached((uint32_t)(s - 1), s), "stage %llu: the one before", (unsigned long long)s);
+  }
+  CHECK(!shm_stage_reached(0, 1), "a fresh word reached stage 1");
+}
+
 static void test_names(void) {
   uint8_t token[TCC_TOKEN_BYTES] = {0xde, 0xad, 0xbe, 0xef};
   tcc_segment_id_t a, b, c;
@@ -556,6 +572,7 @@ int main(void) {
   unsetenv("TCCOMM_TRANSPORT");
   unsetenv("TCCOMM_SHM_WINDOW_BYTES");
   unsetenv("TCCOMM_SHM_SMALL_BYTES");
+  test_stage_wrap();
   test_names();
   test_round_trip();
   test_planted_objects();

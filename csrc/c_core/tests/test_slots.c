@@ -266,6 +266,21 @@ static void slots_off(tcc_comm_t *comm) {
   }
 }
 
+/* By default a slot holds 8 KiB: 8160 bytes of part, after its head. */
+static void default_size(tcc_comm_t *comm) {
+  const int me = tcc_comm_rank(comm);
+  char msg[TCC_ERRLEN];
+  static int32_t buf[2041];
+  for (size_t count = 2040; count <= 2041; count++) {
+    for (size_t i = 0; i < count; i++) buf[i] = me == 0 ? value(0, (int)count, i) : -1;
+    const uint64_t stage = stage_now(comm);
+    CHECK(RUN(tcc_broadcast(comm, i32_buf(buf, count), 0, NULL, &op)) == TCC_OK, "broadcast: %s", msg);
+    for (size_t i = 0; i < count; i++) CHECK(buf[i] == value(0, (int)count, i), "count %zu: [%zu] %d", count, i, buf[i]);
+    CHECK((stage_now(comm) == stage) == (count == 2040), "%zu int32 passed %llu stage barriers", count,
+          (unsigned long long)(stage_now(comm) - stage));
+  }
+}
+
 int main(void) {
   alarm(600); /* a hang fails the test instead of blocking CI */
   unsetenv("TCCOMM_TRANSPORT");
@@ -297,10 +312,14 @@ int main(void) {
     printf("%s %s n=%d\n", bad ? "FAIL" : "ok  ", cases[i].name, cases[i].n);
     bad ? failed++ : passed++;
   }
-  /* Without the variable there are no slot rings. */
   unsetenv("TCCOMM_SHM_SLOT_BYTES");
+  int bad_default = run_group(2, "shm", 60000, "slots-default", default_size);
+  printf("%s slot rings by default n=2\n", bad_default ? "FAIL" : "ok  ");
+  bad_default ? failed++ : passed++;
+  /* 0 turns them off. */
+  setenv("TCCOMM_SHM_SLOT_BYTES", "0", 1);
   int bad = run_group(2, "shm", 60000, "slots-off", slots_off);
-  printf("%s slot rings off by default n=2\n", bad ? "FAIL" : "ok  ");
+  printf("%s slot rings off (0) n=2\n", bad ? "FAIL" : "ok  ");
   bad ? failed++ : passed++;
   printf("test_slots: %d cases passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

@@ -128,6 +128,8 @@ bool tcc__direct_expected(tcc_comm_t *comm, const tcc_coll_t *c);
  * TCC_ERR_MISMATCH, naming the op (seq) and the ranks, and the
  * communicator fails. */
 bool tcc__coll_slots_fit(tcc_comm_t *comm, const tcc_coll_t *c);
+/* The most bytes a sender's part may have (0: no slot rings here). */
+size_t tcc__coll_slots_part_max(tcc_comm_t *comm);
 tcc_result_t tcc__coll_slots_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
                                  tcc_err_t *err);
 void tcc__coll_slots_publish(tcc_comm_t *comm, int parity);

@@ -5,6 +5,7 @@
  * else byte streams). Every rank of a group chooses alike: the offer is a
  * property of the group's transport, agreed at creation.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "coll/coll_scratch.h"
@@ -15,12 +16,19 @@
  * will use them (the shm ones are rank 0's, carried to every rank). */
 static void log_thresholds(tcc_comm_t *comm) {
   const tcc__spans_ops_t *sp = comm->ops->spans;
-  if (sp)
+  if (sp) {
+    char slots[160] = "";
+    if (tcc__coll_slots_part_max(comm))
+      snprintf(slots, sizeof slots,
+               "; broadcast, scatter, gather and reduce whose part fits %zu bytes over %u-slot rings, senders not "
+               "waiting (TCCOMM_SHM_SLOT_BYTES)",
+               tcc__coll_slots_part_max(comm), sp->slot_count(comm));
     TCC_LOG_INFO(comm->rank,
                  "communicator '%s' algorithms over %s staging spans: reductions up to %zu bytes one-shot "
                  "(TCCOMM_SHM_SMALL_BYTES), larger ones pipelined reduce-scatter + all-gather in %zu-byte "
-                 "windows (TCCOMM_SHM_WINDOW_BYTES); data movement in the same windows",
-                 comm->name, comm->ops->name, sp->one_shot_bytes(comm), sp->window_bytes(comm));
+                 "windows (TCCOMM_SHM_WINDOW_BYTES); data movement in the same windows%s",
+                 comm->name, comm->ops->name, sp->one_shot_bytes(comm), sp->window_bytes(comm), slots);
+  }
   else if (comm->ops->streams)
     TCC_LOG_INFO(comm->rank,
                  "communicator '%s' algorithms over %s streams: small ops (and an all-to-all's small blocks) in "

@@ -54,9 +54,15 @@ static bool sends(const tcc_coll_t *c, int rank) {
   return c->kind == TCC_COLL_BROADCAST || c->kind == TCC_COLL_SCATTER ? root : !root;
 }
 
-bool tcc__coll_slots_fit(tcc_comm_t *comm, const tcc_coll_t *c) {
+size_t tcc__coll_slots_part_max(tcc_comm_t *comm) {
   const tcc__spans_ops_t *sp = comm->ops->spans;
-  if (!sp || comm->parent || comm->size < 2 || sp->slot_count(comm) == 0) return false;
+  if (!sp || comm->parent || comm->size < 2 || sp->slot_count(comm) == 0) return 0;
+  return sp->slot_bytes(comm) - SLOT_PART_AT;
+}
+
+bool tcc__coll_slots_fit(tcc_comm_t *comm, const tcc_coll_t *c) {
+  const size_t part_max = tcc__coll_slots_part_max(comm);
+  if (part_max == 0) return false;
   switch (c->kind) {
     case TCC_COLL_BROADCAST:
     case TCC_COLL_SCATTER:
@@ -68,12 +74,13 @@ bool tcc__coll_slots_fit(tcc_comm_t *comm, const tcc_coll_t *c) {
   }
   /* Elements are at least a byte each: a count above the slot's size does
    * not fit, and the product below cannot overflow. */
-  if (c->count > sp->slot_bytes(comm)) return false;
-  return SLOT_PART_AT + part_bytes(c, comm->size) <= sp->slot_bytes(comm);
+  if (c->count > part_max) return false;
+  return part_bytes(c, comm->size) <= part_max;
 }
 
 /* Every rank's digest of its slot-ring descriptors: equal on every rank
- * exactly when they ran the same ones (but for a 2^-64 chance). */
+ * when they ran the same ones; published folded to 32 bits, so ranks that
+ * disagree go unnoticed with a chance of 2^-32. */
 static uint64_t digest_add(uint64_t h, const tcc_coll_desc_t *d) {
   uint64_t w[3];
   memcpy(w, d, sizeof w);
@@ -297,14 +304,15 @@ tcc_result_t tcc__coll_slots_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t
 
 void tcc__coll_slots_publish(tcc_comm_t *comm, int parity) {
   const tcc__spans_ops_t *sp = comm->ops->spans;
-  *sp->digest(comm, comm->rank, parity) = coll_scratch_of(comm)->slot_digest;
+  const uint64_t h = coll_scratch_of(comm)->slot_digest;
+  *sp->digest(comm, comm->rank, parity) = (uint32_t)(h ^ (h >> 32));
 }
 
 tcc_result_t tcc__coll_slots_verify(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int parity,
                                     tcc_err_t *err) {
   const tcc__spans_ops_t *sp = comm->ops->spans;
   tcc__coll_scratch_t *sc = coll_scratch_of(comm);
-  const uint64_t first = *sp->digest(comm, 0, parity);
+  const uint32_t first = *sp->digest(comm, 0, parity);
   for (int j = 1; j < comm->size; j++) {
     if (*sp->digest(comm, j, parity) == first) continue;
     if (sc->slot_first_seq)

@@ -77,9 +77,9 @@ typedef struct tcc__spans_ops {
   /* Whether `rank` arrived at a stage barrier this rank has not passed:
    * it runs a later op than this rank's. */
   bool (*stage_ahead)(tcc_comm_t *comm, int rank);
-  /* 8 bytes beside a rank's descriptor of a parity, which reach the peers
+  /* 4 bytes beside a rank's descriptor of a parity, which reach the peers
    * with it: the digest of the slot-ring ops it ran (coll_slots.c). */
-  uint64_t *(*digest)(tcc_comm_t *comm, int rank, int parity);
+  uint32_t *(*digest)(tcc_comm_t *comm, int rank, int parity);
 } tcc__spans_ops_t;
 
 /* Byte streams between every pair of ranks, reserved for collectives (the

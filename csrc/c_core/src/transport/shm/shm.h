@@ -110,19 +110,23 @@ static inline shm_rank_ctrl_t *shm_ctrl(shm_state_t *st, int r) {
   return (shm_rank_ctrl_t *)(st->base + st->hdr->ctrl_off) + r;
 }
 /* A rank's slot of one parity starts on a cache line with the last stage of
- * that parity the rank reached (its barrier arrival) and the digest of
- * its slot-ring ops (tcc__spans_ops_t.digest), followed by its descriptor
+ * that parity the rank reached (its barrier arrival, the stage's low 32
+ * bits: ranks are never more than two stages apart, so comparing the
+ * difference as a signed number survives the wrap) and the digest of its
+ * slot-ring ops (tcc__spans_ops_t.digest), followed by its descriptor
  * span: a peer that sees the arrival has the descriptor, and a small
  * one-shot input after it (tcc__spans_ops_t.desc_inline_bytes), in the
  * same line, one transfer between cores instead of three. */
-#define SHM_ARRIVAL_BYTES 8
-#define SHM_DIGEST_BYTES 8
+#define SHM_ARRIVAL_BYTES 4
+#define SHM_DIGEST_BYTES 4
 #define SHM_DESC_OFFSET (SHM_ARRIVAL_BYTES + SHM_DIGEST_BYTES)
-static inline atomic_ullong *shm_arrival(shm_state_t *st, int r, int parity) {
-  return (atomic_ullong *)(st->base + st->hdr->desc_off + ((size_t)r * 2 + (size_t)parity) * st->hdr->desc_stride);
+static inline atomic_uint *shm_arrival(shm_state_t *st, int r, int parity) {
+  return (atomic_uint *)(st->base + st->hdr->desc_off + ((size_t)r * 2 + (size_t)parity) * st->hdr->desc_stride);
 }
-static inline uint64_t *shm_digest(shm_state_t *st, int r, int parity) {
-  return (uint64_t *)((char *)shm_arrival(st, r, parity) + SHM_ARRIVAL_BYTES);
+/* Whether an arrival word that reads `at` says its rank reached `stage`. */
+static inline bool shm_stage_reached(uint32_t at, uint64_t stage) { return (int32_t)(at - (uint32_t)stage) >= 0; }
+static inline uint32_t *shm_digest(shm_state_t *st, int r, int parity) {
+  return (uint32_t *)((char *)shm_arrival(st, r, parity) + SHM_ARRIVAL_BYTES);
 }
 static inline char *shm_desc(shm_state_t *st, int r, int parity) {
   return (char *)shm_arrival(st, r, parity) + SHM_DESC_OFFSET;

@@ -13,7 +13,7 @@
 
 /* Whether rank r has reached `stage` (its arrival word of that parity). */
 static bool reached(shm_state_t *st, int r, uint64_t stage) {
-  return atomic_load_explicit(shm_arrival(st, r, (int)(stage & 1)), memory_order_acquire) >= stage;
+  return shm_stage_reached(atomic_load_explicit(shm_arrival(st, r, (int)(stage & 1)), memory_order_acquire), stage);
 }
 
 static int first_missing(shm_state_t *st, int n, int from, uint64_t stage) {
@@ -115,7 +115,7 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
   shm_header_t *h = st->hdr;
   shm_rank_ctrl_t *mine = shm_ctrl(st, comm->rank);
   note_cpu(mine);
-  atomic_store(shm_arrival(st, comm->rank, (int)(stage & 1)), stage);
+  atomic_store(shm_arrival(st, comm->rank, (int)(stage & 1)), (uint32_t)stage);
   if (atomic_load(&h->barrier_sleepers) > 0) {
     atomic_fetch_add(&h->barrier_futex, 1);
     tcc__futex_wake_all(&h->barrier_futex);
@@ -236,7 +236,7 @@ static char *slot_at(tcc_comm_t *comm, int rank, uint64_t index) {
   return shm_slot(shm_of(comm), rank, (unsigned)(index % SHM_SLOTS));
 }
 static atomic_ullong *slot_progress(tcc_comm_t *comm, int rank) { return shm_slot_progress(shm_of(comm), rank); }
-static uint64_t *digest_of(tcc_comm_t *comm, int rank, int parity) { return shm_digest(shm_of(comm), rank, parity); }
+static uint32_t *digest_of(tcc_comm_t *comm, int rank, int parity) { return shm_digest(shm_of(comm), rank, parity); }
 
 /* ---- the table -------------------------------------------------------- */
 
