@@ -61,8 +61,7 @@ size_t tcc__coll_slots_part_max(tcc_comm_t *comm) {
 }
 
 bool tcc__coll_slots_fit(tcc_comm_t *comm, const tcc_coll_t *c) {
-  const size_t part_max = tcc__coll_slots_part_max(comm);
-  if (part_max == 0) return false;
+  /* The kind first: every other op asks too, and that answers it. */
   switch (c->kind) {
     case TCC_COLL_BROADCAST:
     case TCC_COLL_SCATTER:
@@ -72,6 +71,8 @@ bool tcc__coll_slots_fit(tcc_comm_t *comm, const tcc_coll_t *c) {
     default:
       return false;
   }
+  const size_t part_max = tcc__coll_slots_part_max(comm);
+  if (part_max == 0) return false;
   /* Elements are at least a byte each: a count above the slot's size does
    * not fit, and the product below cannot overflow. */
   if (c->count > part_max) return false;
