@@ -112,7 +112,7 @@ def test_info_names_transport_thresholds_and_lifecycle(tmp_path):
         assert has(lines, "INFO", r"^communicator '[^']+' shared memory: 2 ranks on this host, \d+ CPU\(s\) between them: "
                    r"(waiters spin while the awaited rank runs elsewhere|waiters yield at once)"), text
         assert has(lines, "INFO", r"algorithms over shm staging spans: reductions up to \d+ bytes one-shot .* "
-                                  r"\d+-byte windows.*; broadcast, scatter, gather and reduce whose part fits 8160 "
+                                  r"\d+-byte windows.*; broadcast, scatter, gather and reduce whose part fits 65504 "
                                   r"bytes over 32-slot rings"), text
         created = has(lines, "INFO", rf"^communicator '[^']+' created: rank {rank} of 2, transport shm, timeout \d+ ms$")
         assert created, text

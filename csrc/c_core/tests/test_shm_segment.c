@@ -546,8 +546,8 @@ static int small_shm_cases(void) {
   unlink("/dev/shm/filler");
   CHECK(leftovers() == 0, "objects left in /dev/shm");
 
-  printf("a 4 MiB window on a 12 MiB /dev/shm:\n");
-  CHECK(mount_shm("12m") == 0, "remount");
+  printf("a 4 MiB window on a 16 MiB /dev/shm:\n");
+  CHECK(mount_shm("16m") == 0, "remount");
   failed |= run_pair(60000, window_too_big);
   CHECK(leftovers() == 0, "objects left in /dev/shm");
   return failed || check_failures ? 1 : 0;

@@ -33,11 +33,16 @@
 #define DEFAULT_DIRECT_OWN_CPUS (16u * 1024u)
 #define DEFAULT_DIRECT_SHARED_CPUS (64u * 1024u)
 /* A slot of the slot rings holds its op number, its descriptor and the
- * payload; 0 turns the slot rings off. Up to 8 KiB a rooted op over them
- * takes a fraction of what a stage exchange costs (bench/README, "The slot
- * rings": at 4 ranks on 2 CPUs a 8 KiB broadcast 2.4 us against 7.2); the
- * 32 slots of a rank then take 256 KiB of the segment. */
-#define DEFAULT_SLOT_BYTES (8u * 1024u)
+ * payload; 0 turns the slot rings off. A rooted op over them takes a
+ * fraction of what a stage exchange costs, and more so when ranks share
+ * CPUs (bench/README, "The slot rings": at 4 ranks on 2 CPUs a 8 KiB
+ * broadcast 2.4 us against 7.2 in C, 35-39 us against 71-77 through torch).
+ * By default the rings of a group take at most 8 MiB of its segment: slots
+ * of 64 KiB up to 4 ranks, halved as the group doubles, never below 8 KiB
+ * (the segment of 8 ranks stays inside a container's default 64 MB
+ * /dev/shm). */
+#define SLOT_RINGS_BUDGET (8u << 20)
+#define DEFAULT_SLOT_BYTES_MIN (8u * 1024u)
 #define MIN_SLOT_BYTES 64u
 #define MAX_SLOT_BYTES (64u * 1024u)
 
@@ -59,6 +64,13 @@ static size_t env_bytes(const char *name, size_t dflt, size_t lo, size_t hi) {
 /* Each stage gives every rank at least a cache line of the window. */
 static size_t min_window(int n) { return align_up((size_t)n * TCC_CACHELINE, 4096); }
 
+/* The slot size a group of n ranks gets by default (see SLOT_RINGS_BUDGET). */
+static size_t default_slot_bytes(int n) {
+  size_t b = MAX_SLOT_BYTES;
+  while (b > DEFAULT_SLOT_BYTES_MIN && (size_t)n * SHM_SLOTS * b > SLOT_RINGS_BUDGET) b /= 2;
+  return b;
+}
+
 /* Rank 0's choice of the tunables: its environment and its view of the
  * CPUs decide (own_cpus: no more ranks on the host than CPUs they may use
  * between them), and the header carries the result to every other rank. */
@@ -71,7 +83,7 @@ static void choose_sizes(int n, bool own_cpus, uint64_t *window, uint64_t *small
   *small = s < w ? s : w;
   *direct = env_bytes("TCCOMM_SHM_DIRECT_BYTES", own_cpus ? DEFAULT_DIRECT_OWN_CPUS : DEFAULT_DIRECT_SHARED_CPUS, 0,
                       SIZE_MAX);
-  const size_t sb = env_bytes("TCCOMM_SHM_SLOT_BYTES", DEFAULT_SLOT_BYTES, 0, MAX_SLOT_BYTES);
+  const size_t sb = env_bytes("TCCOMM_SHM_SLOT_BYTES", default_slot_bytes(n), 0, MAX_SLOT_BYTES);
   *slot = sb == 0 ? 0 : align_up(sb < MIN_SLOT_BYTES ? MIN_SLOT_BYTES : sb, TCC_CACHELINE);
 }
 
