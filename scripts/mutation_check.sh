@@ -79,8 +79,9 @@ rm -rf "$logs" && mkdir -p "$logs"
 # run_c NAME "TEST ARGS": exit status of one C test, bounded.
 run_c() {
   local log=$logs/$1-${2// /_}.log
+  # Line-buffered: a test killed at the limit still shows how far it got.
   # shellcheck disable=SC2086 # "test_comm shm": binary and argument
-  (cd csrc/c_core && timeout "$C_TEST_LIMIT_S" ./build/mutant/tests/$2) > "$log" 2>&1
+  (cd csrc/c_core && timeout "$C_TEST_LIMIT_S" stdbuf -oL -eL ./build/mutant/tests/$2) > "$log" 2>&1
 }
 
 # run_pytest NAME FILE... -k EXPR: exit status; failing test ids in $logs/NAME.failed
@@ -93,6 +94,16 @@ run_pytest() {
   return $rc
 }
 
+# A baseline failure is printed again after the table (the end of the
+# output is what a CI summary keeps), with the end of its log.
+baseline_report=()
+# baseline_failed WHAT LOG: remember a test that failed with no mutation.
+baseline_failed() {
+  baseline_report+=("FAIL with no mutation: $1 (log: $2)" "$(tail -25 "$2" | sed 's/^/    | /')")
+  echo "${baseline_report[-2]}"
+  status=1
+}
+
 status=0
 echo "=== no mutation selected: every selected test must pass"
 unset TCCOMM_MUTATION
@@ -102,7 +113,7 @@ for entry in "${selected[@]}"; do
   IFS='|' read -r name ctests file expr <<< "$entry"
   IFS=';' read -ra cs <<< "$ctests"
   for c in "${cs[@]}"; do
-    run_c none "$c" || { echo "FAIL: $c fails with no mutation (log: $logs/none-${c// /_}.log)"; status=1; }
+    run_c none "$c" || baseline_failed "C $c (exit $?)" "$logs/none-${c// /_}.log"
   done
   files_k[$file]="${files_k[$file]:+${files_k[$file]} or }($expr)"
 done
@@ -112,9 +123,7 @@ for f in "${!files_k[@]}"; do
   if run_pytest "$base" "$ROOT/$f" -k "${files_k[$f]}"; then
     echo "    $f: $(tail -1 "$logs/$base.pytest.log")"
   else
-    echo "FAIL: $f -k '${files_k[$f]}' fails with no mutation (log: $logs/$base.pytest.log):"
-    sed 's/^/    /' "$logs/$base.failed"
-    status=1
+    baseline_failed "pytest $f -k '${files_k[$f]}': $(paste -sd' ' "$logs/$base.failed")" "$logs/$base.pytest.log"
   fi
 done
 echo "=== baseline took $(( $(date +%s) - t0 )) s"
@@ -153,5 +162,6 @@ done
 
 echo "=== mutation -> tests that caught it (every failing test id: $logs/<mutation>.failed)"
 printf '%s\n' "${table[@]}"
+[ ${#baseline_report[@]} -eq 0 ] || printf '%s\n' "${baseline_report[@]}"
 echo "=== mutation check finished in $(( $(date +%s) - start )) s: $([ $status -eq 0 ] && echo ok || echo FAILED) (logs: $logs)"
 exit $status

@@ -1,6 +1,6 @@
 /*
  * coll.h - a collective as issued on one rank (tcc_coll_t), and the
- * descriptors ranks compare before any data moves (coll/desc.c).
+ * descriptors ranks compare before any data moves (coll/coll_desc.c).
  */
 #ifndef TCC_COLL_COLL_H
 #define TCC_COLL_COLL_H

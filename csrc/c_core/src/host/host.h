@@ -2,9 +2,10 @@
  * host.h - the host executor: runs a communicator's ops on host memory
  * through its transport (the "engine").
  *
- * executor.c   the executor table, lifecycle, submit and waiting
- * coll_queue.c the collective queue and whoever runs it
- * p2p.c        the point-to-point thread: framing, matching, expiry
+ * host_executor.c  the executor table, lifecycle, submit and waiting
+ * coll_queue.c     the collective queue and whoever runs it
+ * p2p_match.c      the point-to-point thread: matching, rounds, expiry
+ * p2p_frame.c      the frame header of a point-to-point message
  *
  * Collectives: a FIFO queue executed strictly in issue order by whoever
  * holds the runner claim: the collective thread, or a thread blocked in

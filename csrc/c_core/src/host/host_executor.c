@@ -1,5 +1,5 @@
 /*
- * executor.c - the host executor's table (core/executor.h): lifecycle of
+ * host_executor.c - the host executor's table (core/executor.h): lifecycle of
  * its threads, submitting and waiting. See host.h for how ops run.
  */
 #include <errno.h>

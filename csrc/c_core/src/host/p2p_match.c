@@ -1,5 +1,5 @@
 /*
- * p2p.c - the host executor's point-to-point thread (see host.h): frames
+ * p2p_match.c - the host executor's point-to-point thread (see host.h): frames
  * messages on the transport's per-peer byte streams, matches arrivals to
  * posted receives by (peer, tag, order), buffers the unmatched ones and
  * fails ops whose deadline passed or whose peer's stream broke.

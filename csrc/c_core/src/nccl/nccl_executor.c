@@ -1,5 +1,5 @@
 /*
- * executor.c - the device executor (core/executor.h) for CUDA buffers:
+ * nccl_executor.c - the device executor (core/executor.h) for CUDA buffers:
  * ops become NCCL calls on the communicator's stream.
  *
  * Issuing (the caller's thread, under the communicator's issue lock, which
@@ -8,7 +8,7 @@
  * (between tcc__ncomm_enter and leave), wait until a nonblocking NCCL has
  * really enqueued them (tcc__ncomm_settle, bounded by the op's deadline),
  * record the op's completion event on the NCCL stream. Outside a graph capture the op is then handed to the watchdog
- * (watch.c); inside one it is complete at once from the host's view: the
+ * (nccl_watch.c); inside one it is complete at once from the host's view: the
  * graph owns the work, nothing queries its event and no host callback
  * waits for it.
  */

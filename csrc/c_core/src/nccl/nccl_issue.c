@@ -1,5 +1,5 @@
 /*
- * issue.c - one op of the core as NCCL calls on the communicator's stream.
+ * nccl_issue.c - one op of the core as NCCL calls on the communicator's stream.
  *
  * Native NCCL collectives where they exist (AllReduce, Broadcast, Reduce,
  * AllGather, ReduceScatter). Gather, scatter and all-to-all(-v) are grouped

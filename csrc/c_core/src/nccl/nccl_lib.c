@@ -1,5 +1,5 @@
 /*
- * lib.c - finds NCCL at run time (see lib.h).
+ * nccl_lib.c - finds NCCL at run time (see nccl_lib.h).
  *
  * dlopen("libnccl.so.2", RTLD_NOLOAD) returns the copy torch already
  * loaded; only when there is none (a program that uses the core without

@@ -1,5 +1,5 @@
 /*
- * ncomm.c - one NCCL communicator as the device executor uses it: created
+ * nccl_ncomm.c - one NCCL communicator as the device executor uses it: created
  * nonblocking, every call bounded by a deadline, abortable from any thread
  * without a lock.
  *

@@ -1,12 +1,12 @@
 /*
  * nccl_state.h - the device executor's state, shared by its files:
  *
- * comm.c      the per-communicator state, NCCL setup, the public CUDA calls
- * ncomm.c     one NCCL communicator: nonblocking, deadline-bound, abortable
- * executor.c  the executor table: submit, groups, test, wait, stream order
- * issue.c     one op as NCCL calls on the communicator's stream
- * watch.c     the watchdog: completion and deadlines
- * lib.c       NCCL found at run time
+ * nccl_comm.c      the per-communicator state, NCCL setup, the public CUDA calls
+ * nccl_ncomm.c     one NCCL communicator: nonblocking, deadline-bound, abortable
+ * nccl_executor.c  the executor table: submit, groups, test, wait, stream order
+ * nccl_issue.c     one op as NCCL calls on the communicator's stream
+ * nccl_watch.c     the watchdog: completion and deadlines
+ * nccl_lib.c       NCCL found at run time
  *
  * Only built with CUDA; nccl/no_nccl.c stands in for all of them otherwise.
  */
@@ -18,7 +18,7 @@
 #include "core/executor.h"
 #include "nccl/nccl_lib.h"
 
-/* One NCCL communicator (ncomm.c). Every call on it is made between
+/* One NCCL communicator (nccl_ncomm.c). Every call on it is made between
  * tcc__ncomm_enter and tcc__ncomm_leave; none is made under a lock that the
  * watchdog or an abort needs. */
 typedef struct tcc__ncomm {

@@ -1,5 +1,5 @@
 /*
- * watch.c - completion and deadlines of CUDA ops.
+ * nccl_watch.c - completion and deadlines of CUDA ops.
  *
  * NCCL ops never time out by themselves: a peer that never joins leaves
  * the kernel spinning forever. One watchdog thread per communicator polls
@@ -24,7 +24,7 @@
 
 /* Ops in flight: polled every 0.2 ms after a submit or a completion,
  * backing off to 10 ms while nothing completes (host waiters poll their
- * own op: executor.c, so this only bounds callbacks and deadlines). */
+ * own op: nccl_executor.c, so this only bounds callbacks and deadlines). */
 #define WATCH_POLL_MIN_NS (200 * 1000LL)
 #define WATCH_POLL_MAX_NS (10 * 1000 * 1000LL)
 #define FAILURE_GRACE_NS (1000 * 1000 * 1000LL) /* see failure_grace */
@@ -88,7 +88,7 @@ void tcc__cuda_finish(tcc_op_t *op, tcc_result_t r, const char *msg) {
 
 void tcc__cuda_abort_nccl(tcc_comm_t *comm, struct tcc__cuda *c) {
   /* No lock: a thread issuing an op may be stuck inside NCCL holding the
-   * issue lock, and this abort is what releases it (ncomm.c). */
+   * issue lock, and this abort is what releases it (nccl_ncomm.c). */
   if (atomic_exchange(&c->nccl_aborted, 1)) return;
   /* Every slot, set up or not: one being set up sees the flag and fails. */
   tcc__ncomm_abort(&c->coll);
