@@ -349,33 +349,49 @@ TARGET_AVX2 ALWAYS_INLINE void store16_f16(uint16_t *dst, __m256 lo, __m256 hi) 
   _mm_storeu_si128((__m128i *)(dst + 8), _mm256_cvtps_ph(hi, round_nearest_even));
 }
 
-/* 16 bfloat16 values <-> two vectors of 8 floats. Interleaving with zero
- * words puts each value in the top half of a float (1 instruction per 8);
- * the lanes come out permuted, [0-3, 8-11] and [4-7, 12-15], which is
- * harmless because every source is loaded the same way and the saturating
- * pack in store16_bf16 undoes exactly that permutation. */
-TARGET_AVX2 ALWAYS_INLINE void load16_bf16(const uint16_t *src, __m256 *lo, __m256 *hi) {
+/* 16 bfloat16 values <-> two vectors of 8 floats: the even elements (each
+ * 32-bit word's low half shifted up) and the odd ones (its high half kept
+ * in place). Every source is loaded the same way and the store puts each
+ * half back where it came from, so no lane crosses a shuffle: shifts and
+ * masks only, which keeps the kernel off the shuffle unit that bounded it
+ * (unpacking and packing took 5 shuffles per 16 elements). */
+TARGET_AVX2 ALWAYS_INLINE void load16_bf16(const uint16_t *src, __m256 *even, __m256 *odd) {
   __m256i words = _mm256_loadu_si256((const __m256i *)src);
-  __m256i zero = _mm256_setzero_si256();
-  *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, words));
-  *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, words));
+  *even = _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
+  *odd = _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32((int)0xFFFF0000u)));
 }
 
-/* f32_to_bf16 on 8 lanes; the result is in the low half of each lane. */
-TARGET_AVX2 ALWAYS_INLINE __m256i round8_bf16(__m256 v) {
+/* f32_to_bf16 on 8 lanes that hold no NaN (infinities round to
+ * themselves, the largest finites to infinity, as in f32_to_bf16); the
+ * result is in the low half of each lane. */
+TARGET_AVX2 ALWAYS_INLINE __m256i round8_bf16_no_nan(__m256 v) {
   __m256i bits = _mm256_castps_si256(v);
-  __m256i upper = _mm256_srli_epi32(bits, 16);
-  __m256i lsb = _mm256_and_si256(upper, _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb), 16);
-  __m256i quiet_nan = _mm256_or_si256(upper, _mm256_set1_epi32(0x0040));
-  __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb), 16);
 }
 
-TARGET_AVX2 ALWAYS_INLINE void store16_bf16(uint16_t *dst, __m256 lo, __m256 hi) {
-  /* Values are <= 0xFFFF, so the unsigned saturating pack is exact. */
-  _mm256_storeu_si256((__m256i *)dst, _mm256_packus_epi32(round8_bf16(lo), round8_bf16(hi)));
+/* f32_to_bf16 on 8 lanes: a NaN keeps its top bits, made quiet. */
+TARGET_AVX2 ALWAYS_INLINE __m256i round8_bf16(__m256 v) {
+  __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 16), _mm256_set1_epi32(0x0040));
+  __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(round8_bf16_no_nan(v), quiet_nan, is_nan);
+}
+
+/* The rounding is most of a bfloat16 kernel's work: one compare finds
+ * whether either vector holds a NaN, and only then are NaNs blended in. */
+TARGET_AVX2 ALWAYS_INLINE void store16_bf16(uint16_t *dst, __m256 even, __m256 odd) {
+  __m256i words;
+  if (_mm256_movemask_ps(_mm256_cmp_ps(even, odd, _CMP_UNORD_Q)) == 0) {
+    /* The odd lanes' rounded value is the top half of their sum: masked, not shifted. */
+    __m256i bits = _mm256_castps_si256(odd);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i odd_up = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb),
+                                      _mm256_set1_epi32((int)0xFFFF0000u));
+    words = _mm256_or_si256(round8_bf16_no_nan(even), odd_up);
+  } else {
+    words = _mm256_or_si256(round8_bf16(even), _mm256_slli_epi32(round8_bf16(odd), 16));
+  }
+  _mm256_storeu_si256((__m256i *)dst, words);
 }
 
 #define DEFINE_HALF_AVX2_KERNEL(NAME, LOAD16, STORE16, TO_F32, FROM_F32)                      \
@@ -385,21 +401,34 @@ TARGET_AVX2 ALWAYS_INLINE void store16_bf16(uint16_t *dst, __m256 lo, __m256 hi)
     uint16_t *dst = dst_v;                                                                    \
     const __m256 premul_v = _mm256_set1_ps(premul);                                           \
     const __m256 divisor_v = _mm256_set1_ps((float)nsrc);                                     \
-    size_t i = 0;                                                                             \
-    for (; i + 16 <= count; i += 16) {                                                        \
-      __m256 lo, hi, x_lo, x_hi;                                                              \
-      LOAD16((const uint16_t *)srcs[0] + i, &lo, &hi);                                        \
-      lo = first_v8(lo, op, premul_v);                                                        \
-      hi = first_v8(hi, op, premul_v);                                                        \
-      for (int s = 1; s < nsrc; s++) {                                                        \
-        LOAD16((const uint16_t *)srcs[s] + i, &x_lo, &x_hi);                                  \
-        lo = combine_v8(lo, x_lo, op, premul_v);                                              \
-        hi = combine_v8(hi, x_hi, op, premul_v);                                              \
+    /* Separate loops up to vec_end: each keeps a plain trip count. */                        \
+    const size_t vec_end = count - count % 16;                                                \
+    /* In locals: the compiler cannot tell that a store to dst leaves srcs[] alone. */        \
+    const uint16_t *a = srcs[0], *b = srcs[nsrc > 1 ? 1 : 0];                                 \
+    if (nsrc == 2) /* 2 ranks, or a pairwise step: no loop over the sources */                \
+      for (size_t i = 0; i < vec_end; i += 16) {                                              \
+        __m256 lo, hi, x_lo, x_hi;                                                            \
+        LOAD16(a + i, &lo, &hi);                                                              \
+        LOAD16(b + i, &x_lo, &x_hi);                                                          \
+        lo = combine_v8(first_v8(lo, op, premul_v), x_lo, op, premul_v);                      \
+        hi = combine_v8(first_v8(hi, op, premul_v), x_hi, op, premul_v);                      \
+        STORE16(dst + i, finish_v8(lo, op, divisor_v), finish_v8(hi, op, divisor_v));         \
       }                                                                                       \
-      /* Every source's elements i..i+15 were read above: dst may be one of them. */          \
-      STORE16(dst + i, finish_v8(lo, op, divisor_v), finish_v8(hi, op, divisor_v));           \
-    }                                                                                         \
-    for (; i < count; i++) {                                                                  \
+    else                                                                                      \
+      for (size_t i = 0; i < vec_end; i += 16) {                                              \
+        __m256 lo, hi, x_lo, x_hi;                                                            \
+        LOAD16(a + i, &lo, &hi);                                                              \
+        lo = first_v8(lo, op, premul_v);                                                      \
+        hi = first_v8(hi, op, premul_v);                                                      \
+        for (int s = 1; s < nsrc; s++) {                                                      \
+          LOAD16((const uint16_t *)srcs[s] + i, &x_lo, &x_hi);                                \
+          lo = combine_v8(lo, x_lo, op, premul_v);                                            \
+          hi = combine_v8(hi, x_hi, op, premul_v);                                            \
+        }                                                                                     \
+        /* Every source's elements i..i+15 were read above: dst may be one of them. */        \
+        STORE16(dst + i, finish_v8(lo, op, divisor_v), finish_v8(hi, op, divisor_v));         \
+      }                                                                                       \
+    for (size_t i = vec_end; i < count; i++) {                                               \
       float acc = first_f32(TO_F32(((const uint16_t *)srcs[0])[i]), op, premul);              \
       for (int s = 1; s < nsrc; s++)                                                          \
         acc = combine_f32(acc, TO_F32(((const uint16_t *)srcs[s])[i]), op, premul);           \
