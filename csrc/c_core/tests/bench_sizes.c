@@ -4,6 +4,7 @@
  * bench/bench_collectives.py measures, op by op.
  *
  * Usage: bench_sizes [ranks] [shm|tcp] [op] [min bytes] [max bytes] [in-place] [huge-pages]
+ *                    [bfloat16|float16]
  *   op: allreduce | allgather | alltoall | broadcast | reduce_scatter
  *   (default: 2 shm allreduce 64K 8M; sizes double from min to max)
  *   in-place: all_reduce into its input, as dist.all_reduce does (the
@@ -14,9 +15,12 @@
  * The size is what bench_collectives.py calls the size: the whole tensor of
  * all_reduce and broadcast, the output of all_gather and the input of
  * reduce_scatter and all_to_all (each rank's share is size / ranks).
- * Float32 buffers, made once per size; warm-up, then the median of 5 batches
+ * bfloat16 | float16: elements of that type instead of float32 (what
+ *   tensor-parallel inference sends; reductions then run the half kernels).
+ * Buffers made once per size; warm-up, then the median of 5 batches
  * of about 0.3 s each, rank 0's clock after a barrier. Rank 0 prints
  *   "<op> <bytes> B, <n> ranks, <transport>: <us> us"
+ * with ", <dtype>" after the transport for a half type.
  * The first and last element of every rank's result are checked against the
  * sum (or the value) the inputs give; in place, only after the first call
  * (the sums then grow from call to call).
@@ -45,6 +49,8 @@
 
 static const char *op_name = "allreduce";
 static bool in_place, huge_pages;
+static tcc_dtype_t dtype = TCC_FLOAT32;
+static const char *dtype_name = "float32";
 
 #define HUGE_PAGE ((size_t)2 << 20)
 
@@ -58,7 +64,7 @@ static bool in_place, huge_pages;
  * one glibc's memcpy and the kernel's process_vm_readv make) runs 10-17x
  * slower: a 64 KiB all_gather took 18-46 us instead of 5. Tensors, 64-byte
  * aligned, never meet that distance. */
-static float *buffer(size_t bytes) {
+static void *buffer(size_t bytes) {
   const size_t align = huge_pages ? HUGE_PAGE : TENSOR_ALIGN;
   const size_t rounded = (bytes + align - 1) / align * align;
   void *p = NULL;
@@ -83,25 +89,41 @@ static size_t min_bytes = 64 << 10, max_bytes = 8 << 20;
 
 /* One size's buffers: each rank's input and output, and the per-peer views. */
 typedef struct {
-  float *in, *out;
-  size_t total, per; /* floats: whole tensor, one rank's share */
+  uint8_t *in, *out;
+  size_t total, per; /* elements: whole tensor, one rank's share */
+  float *values;     /* staging of the input's values, narrowed into `in` for a half type */
   tcc_buf_t ins[8], outs[8];
 } bufs_t;
 
+/* Small integers: every sum of up to 8 ranks' values (at most 112) is
+ * exact in bfloat16's 8 bits of mantissa, so half results are checked
+ * exactly too. */
 static float value_of(int rank, size_t i) { return (float)(rank + 1) + (float)(i % 7); }
+
+static size_t elem_size(void) { return tcc_dtype_size(dtype); }
+
+static float element(const uint8_t *buf, size_t i) {
+  float v;
+  if (dtype == TCC_FLOAT32) memcpy(&v, buf + i * sizeof v, sizeof v);
+  else tcc__half_widen(&v, buf + i * elem_size(), 1, dtype);
+  return v;
+}
 
 static void fill(bufs_t *b, int me, int n) {
   const size_t count = strcmp(op_name, "allgather") == 0 ? b->per : b->total;
-  for (size_t i = 0; i < count; i++) b->in[i] = value_of(me, i);
+  for (size_t i = 0; i < count; i++) b->values[i] = value_of(me, i);
+  if (dtype == TCC_FLOAT32) memcpy(b->in, b->values, count * sizeof(float));
+  else tcc__half_narrow(b->in, b->values, count, dtype);
+  const size_t share = b->per * elem_size();
   for (int r = 0; r < n; r++) {
-    b->ins[r] = (tcc_buf_t){b->in + (size_t)r * b->per, b->per, TCC_FLOAT32, -1, NULL};
-    b->outs[r] = (tcc_buf_t){b->out + (size_t)r * b->per, b->per, TCC_FLOAT32, -1, NULL};
+    b->ins[r] = (tcc_buf_t){b->in + (size_t)r * share, b->per, dtype, -1, NULL};
+    b->outs[r] = (tcc_buf_t){b->out + (size_t)r * share, b->per, dtype, -1, NULL};
   }
 }
 
 static int run_once(tcc_comm_t *comm, bufs_t *b) {
-  const tcc_buf_t whole_in = {b->in, b->total, TCC_FLOAT32, -1, NULL};
-  const tcc_buf_t whole_out = {b->out, b->total, TCC_FLOAT32, -1, NULL};
+  const tcc_buf_t whole_in = {b->in, b->total, dtype, -1, NULL};
+  const tcc_buf_t whole_out = {b->out, b->total, dtype, -1, NULL};
   tcc_op_t *op = NULL;
   tcc_result_t r;
   if (strcmp(op_name, "allreduce") == 0)
@@ -136,19 +158,21 @@ static float expected(int me, int n, size_t i, size_t per) {
 
 static int check_result(const bufs_t *b, int me, int n) {
   const int rs = strcmp(op_name, "reduce_scatter") == 0, bc = strcmp(op_name, "broadcast") == 0;
-  const float *got = bc || in_place ? b->in : b->out;
+  const uint8_t *got = bc || in_place ? b->in : b->out;
   const size_t count = rs ? b->per : b->total;
-  return got[0] == expected(me, n, 0, b->per) && got[count - 1] == expected(me, n, count - 1, b->per);
+  return element(got, 0) == expected(me, n, 0, b->per) &&
+         element(got, count - 1) == expected(me, n, count - 1, b->per);
 }
 
 static void bench_size(tcc_comm_t *comm, size_t bytes) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   bufs_t b = {0};
-  b.total = bytes / sizeof(float) / (size_t)n * (size_t)n;
+  b.total = bytes / elem_size() / (size_t)n * (size_t)n;
   b.per = b.total / (size_t)n;
-  b.in = buffer(b.total * sizeof(float));
-  b.out = buffer(b.total * sizeof(float));
-  REQUIRE(b.in && b.out, "out of memory for %zu bytes", bytes);
+  b.in = buffer(b.total * elem_size());
+  b.out = buffer(b.total * elem_size());
+  b.values = malloc(b.total * sizeof(float));
+  REQUIRE(b.in && b.out && b.values, "out of memory for %zu bytes", bytes);
   fill(&b, me, n);
   REQUIRE(run_once(comm, &b), "%s failed", op_name);
   REQUIRE(check_result(&b, me, n), "%s of %zu bytes: wrong result on rank %d", op_name, bytes, me);
@@ -174,17 +198,19 @@ static void bench_size(tcc_comm_t *comm, size_t bytes) {
     per_call[k] = (double)(tcc__now_ns() - start) / (double)iters / 1000.0;
     REQUIRE(in_place || check_result(&b, me, n), "%s of %zu bytes: wrong result on rank %d", op_name, bytes, me);
   }
+  char dt[32] = "";
+  if (dtype != TCC_FLOAT32) snprintf(dt, sizeof dt, ", %s", dtype_name);
   if (me == 0 && huge_pages)
-    printf("%s%s %zu B, %d ranks, %s, huge pages (%ld kB of rank 0's): %.1f us\n", op_name,
-           in_place ? " in place" : "", bytes, n, tcc_comm_transport_name(comm), anon_huge_kb(),
+    printf("%s%s %zu B, %d ranks, %s%s, huge pages (%ld kB of rank 0's): %.1f us\n", op_name,
+           in_place ? " in place" : "", bytes, n, tcc_comm_transport_name(comm), dt, anon_huge_kb(),
            median(per_call, BATCHES));
   else if (me == 0)
-    printf("%s%s %zu B, %d ranks, %s: %.1f us\n", op_name, in_place ? " in place" : "", bytes, n,
-           tcc_comm_transport_name(comm),
-           median(per_call, BATCHES));
+    printf("%s%s %zu B, %d ranks, %s%s: %.1f us\n", op_name, in_place ? " in place" : "", bytes, n,
+           tcc_comm_transport_name(comm), dt, median(per_call, BATCHES));
   fflush(stdout);
   free(b.in);
   free(b.out);
+  free(b.values);
 }
 
 static void bench(tcc_comm_t *comm) {
@@ -210,15 +236,18 @@ int main(int argc, char **argv) {
   for (int i = 6; i < argc; i++) {
     if (strcmp(argv[i], "in-place") == 0) in_place = true;
     else if (strcmp(argv[i], "huge-pages") == 0) huge_pages = true;
+    else if (strcmp(argv[i], "bfloat16") == 0) dtype = TCC_BFLOAT16, dtype_name = argv[i];
+    else if (strcmp(argv[i], "float16") == 0) dtype = TCC_FLOAT16, dtype_name = argv[i];
     else flags_known = false;
   }
   int known = 0;
   for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) known |= strcmp(op_name, ops[i]) == 0;
   if (n < 1 || n > 8 || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0) || !known ||
-      min_bytes < (size_t)n * sizeof(float) || max_bytes < min_bytes || !flags_known ||
+      min_bytes < (size_t)n * elem_size() || max_bytes < min_bytes || !flags_known ||
       (in_place && strcmp(op_name, "allreduce") != 0)) {
     fprintf(stderr, "usage: bench_sizes [ranks 1..8] [shm|tcp] "
-                    "[allreduce|allgather|alltoall|broadcast|reduce_scatter] [min bytes] [max bytes] [in-place] [huge-pages]\n");
+                    "[allreduce|allgather|alltoall|broadcast|reduce_scatter] [min bytes] [max bytes] [in-place] [huge-pages] "
+                    "[bfloat16|float16]\n");
     return 2;
   }
   return run_group(n, transport, 600000, "bench-sizes", bench);
