@@ -13,7 +13,11 @@
 #   MUTANT_DIR        where the extension copy is built (default:
 #                     build/variants/mutant; the normal build is untouched)
 #   C_TEST_LIMIT_S    a C test still running after this has missed its bug
-#                     (they notice a dead peer within seconds; default 20)
+#                     (they notice a dead peer within seconds; default 20),
+#                     or after 3x its time with no mutation plus 5 s, if
+#                     longer (a slow machine must not pass a mutant, nor fail
+#                     a test that was merely slow)
+#   C_BASELINE_LIMIT_S  the bound of a C test with no mutation (default 300)
 #
 # The C tests and the pytest cases run one after the other (each group
 # already uses every core). pytest runs with cwd = the package copy, so
@@ -25,6 +29,7 @@ cd "$ROOT"
 PYTHON=$(realpath -s "${PYTHON:-.venv/bin/python}")  # -s: a venv's python is a link
 MUTANT_DIR=$(realpath -m "${MUTANT_DIR:-build/variants/mutant}")
 C_TEST_LIMIT_S=${C_TEST_LIMIT_S:-20}
+C_BASELINE_LIMIT_S=${C_BASELINE_LIMIT_S:-300}
 CTESTS=csrc/c_core/build/mutant/tests
 # A mutant that hangs a case fails it after this, not after the default 75 s.
 export TCCOMM_TEST_CASE_TIMEOUT=${TCCOMM_TEST_CASE_TIMEOUT:-30}
@@ -76,12 +81,20 @@ echo "=== builds took $(( $(date +%s) - start )) s"
 logs=$MUTANT_DIR/logs
 rm -rf "$logs" && mkdir -p "$logs"
 
-# run_c NAME "TEST ARGS": exit status of one C test, bounded.
+# run_c NAME "TEST ARGS" LIMIT_S: exit status of one C test, bounded.
 run_c() {
   local log=$logs/$1-${2// /_}.log
   # Line-buffered: a test killed at the limit still shows how far it got.
   # shellcheck disable=SC2086 # "test_comm shm": binary and argument
-  (cd csrc/c_core && timeout "$C_TEST_LIMIT_S" stdbuf -oL -eL ./build/mutant/tests/$2) > "$log" 2>&1
+  (cd csrc/c_core && timeout "$3" stdbuf -oL -eL ./build/mutant/tests/$2) > "$log" 2>&1
+}
+
+# The limit of a C test under a mutation: C_TEST_LIMIT_S, or 3x the test's
+# time with no mutation plus 5 s where that is longer.
+declare -A c_limit=()
+c_limit_from() {  # TEST ELAPSED_MS
+  local scaled=$(( (3 * $2 + 999) / 1000 + 5 ))
+  c_limit[$1]=$(( scaled > C_TEST_LIMIT_S ? scaled : C_TEST_LIMIT_S ))
 }
 
 # run_pytest NAME FILE... -k EXPR: exit status; failing test ids in $logs/NAME.failed
@@ -113,7 +126,12 @@ for entry in "${selected[@]}"; do
   IFS='|' read -r name ctests file expr <<< "$entry"
   IFS=';' read -ra cs <<< "$ctests"
   for c in "${cs[@]}"; do
-    run_c none "$c" || baseline_failed "C $c (exit $?)" "$logs/none-${c// /_}.log"
+    [ -z "${c_limit[$c]:-}" ] || continue  # run once, however many mutations select it
+    t_ms=$(date +%s%3N)
+    run_c none "$c" "$C_BASELINE_LIMIT_S" || baseline_failed "C $c (exit $?)" "$logs/none-${c// /_}.log"
+    t_ms=$(( $(date +%s%3N) - t_ms ))
+    c_limit_from "$c" "$t_ms"
+    echo "    C $c: $(( t_ms / 1000 )).$(( t_ms % 1000 / 100 )) s (with a mutation: at most ${c_limit[$c]} s)"
   done
   files_k[$file]="${files_k[$file]:+${files_k[$file]} or }($expr)"
 done
@@ -136,7 +154,7 @@ for entry in "${selected[@]}"; do
   caught=() missed=()
   IFS=';' read -ra cs <<< "$ctests"
   for c in "${cs[@]}"; do
-    if run_c "$name" "$c"; then missed+=("C $c"); else caught+=("C $c"); fi
+    if run_c "$name" "$c" "${c_limit[$c]}"; then missed+=("C $c"); else caught+=("C $c"); fi
   done
   if run_pytest "$name" "$ROOT/$file" -k "$expr"; then
     missed+=("pytest $file -k '$expr'")
