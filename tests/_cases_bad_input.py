@@ -65,6 +65,26 @@ def c_bad_mismatch_root_slots(ctx):
                      "all_reduce on the group that failed")
 
 
+def c_bad_mismatch_root_one_sided(ctx):
+    """Over TCP a small broadcast's root sends its frames and returns, and
+    a receiver waits for the root's frame alone: ranks 0 and 1 both name
+    themselves the root, rank 2 names rank 1, so every broadcast returns
+    (rank 2 got rank 1's tensor). Each rank finds the others' frames of it
+    when it next reads from them (the barrier): it fails on every rank,
+    and so does the group, its ranks out of step (README, "Errors and
+    timeouts")."""
+    r = ctx.rank
+    t = torch.full((16,), float(r))
+    dist.broadcast(t, src=0 if r == 0 else 1)
+    if r == 2:
+        ctx.same_bits(t, torch.full((16,), 1.0), "rank 2's broadcast from rank 1")
+    ctx.expect_error(lambda: dist.barrier(), OP_RE["barrier"], r"root mismatch|out of step",
+                     "barrier after a broadcast whose ranks named different roots")
+    ctx.expect_error(lambda: dist.all_reduce(t), OP_RE["all_reduce"],
+                     r"out of step|disagree|mismatch",
+                     "all_reduce on the group that failed")
+
+
 def c_bad_mismatch_splits(ctx):
     """Rank 1 sends 3 rows to rank 0, but rank 0 expects 2 from rank 1."""
     W, r = ctx.world, ctx.rank
@@ -186,6 +206,8 @@ def _register_bad_input():
     add("bad-mismatched_broadcast_root", S, c_bad_mismatch_root, gloo_skip=MISMATCH_SKIP)
     add("bad-mismatched_broadcast_root-slots", S, c_bad_mismatch_root_slots,
         specs=("w3-shm-env-slots",), order=100, gloo_skip=MISMATCH_SKIP)
+    add("bad-mismatched_broadcast_root-one-sided", S, c_bad_mismatch_root_one_sided,
+        specs=("w3-tcp-env-onesided",), order=100, gloo_skip=MISMATCH_SKIP)
     add("bad-mismatched_alltoall_splits", S, c_bad_mismatch_splits, gloo_skip=MISMATCH_SKIP)
     add("bad-all_gather_into_tensor_output_size", S, c_bad_agit_size)
     add("bad-reduce_scatter_tensor_input_size", S, c_bad_rst_size,

@@ -111,6 +111,8 @@ SPECS = [
          env=(("TCCOMM_SHM_SLOT_BYTES", "0"),)),
     # A disagreement on a small rooted op fails its group: a group of its own.
     Spec("w3-shm-env-slots", 3, "shm", "env", kind="slots"),
+    # The same over TCP, where a small rooted op's senders do not wait.
+    Spec("w3-tcp-env-onesided", 3, "tcp", "env", kind="onesided"),
 ]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 

@@ -131,7 +131,8 @@ def test_trace_logs_every_op_with_its_algorithm(tmp_path):
         assert has(lines, "TRACE", r"^allreduce #\d+ on '[^']+': float32 count 8 \(32 bytes\), host memory, "
                                    r"executor host, algorithm streams one exchange \(data with the descriptors\)$"), text
         assert has(lines, "TRACE", r"^broadcast #\d+ on '[^']+': float64 count 5 \(40 bytes\), root 1, host memory, "
-                                   r"executor host, algorithm streams one exchange \(data with the descriptors\)$"), text
+                                   r"executor host, algorithm streams one-sided \(data with the descriptors; its "
+                                   r"senders do not wait\)$"), text
         assert has(lines, "TRACE", r"^allgather #\d+ on '[^']+': int32 count 3 \(12 bytes\), host memory, "
                                    r"executor host, algorithm streams one exchange \(data with the descriptors\)$"), text
         p2p = (r"^send on '[^']+': 16 bytes, to peer 1 tag 3, " if rank == 0

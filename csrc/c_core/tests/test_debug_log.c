@@ -337,7 +337,8 @@ static void test_trace(const char *spec) {
                  : "streams reduce-scatter with the descriptors + all-gather");
     CHECK(count_lines(t, want) == 1, "%s: no '%s':\n%s", f[i].name, want, t);
     snprintf(want, sizeof want, "broadcast #3 on '" NAME "': float32 count 8 (32 bytes), root 1, host memory, "
-             "executor host, algorithm %s", shm ? "spans slot rings" : "streams one exchange (data with the descriptors)");
+             "executor host, algorithm %s",
+             shm ? "spans slot rings" : "streams one-sided (data with the descriptors; its senders do not wait)");
     CHECK(count_lines(t, want) == 1, "%s: no '%s':\n%s", f[i].name, want, t);
     CHECK(count_lines(t, "TCCOMM TRACE barrier #4 on '" NAME "': uint8 count 0 (0 bytes)") == 1, "%s: barrier:\n%s",
           f[i].name, t);

@@ -598,8 +598,11 @@ static void test_mismatch(rank_ctx_t *t) {
     free(recvs[j]);
   }
 
-  tcc_coll_t bc = {.kind = TCC_COLL_BROADCAST, .dtype = TCC_FLOAT32, .count = 8,
-                   .root = t->rank == 1 ? 1 : 0, .send = a, .recv = a};
+  /* Past the one-exchange budget, so every rank waits in the op (a small
+   * one runs one-sided: test_one_sided.c). */
+  static float big[20000];
+  tcc_coll_t bc = {.kind = TCC_COLL_BROADCAST, .dtype = TCC_FLOAT32, .count = 20000,
+                   .root = t->rank == 1 ? 1 : 0, .send = big, .recv = big};
   expect_code(t, &bc, TCC_ERR_MISMATCH, "broadcast with different roots");
   run_ok(t, &bar, "barrier after a mismatch");
   test_mismatch_paths(t);

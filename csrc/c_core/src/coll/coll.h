@@ -100,6 +100,13 @@ tcc_result_t tcc__coll_desc_check(const tcc_comm_t *comm, const tcc_coll_t *c,
 tcc_result_t tcc__coll_desc_check_peer(const tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_desc_t *mine,
                                       const tcc_coll_desc_t *theirs, int peer, tcc_err_t *err);
 
+/* A disagreement found by a rank whose peer did not wait for it (a slot
+ * ring's sender, a one-sided op's over streams): the ranks ran different
+ * ops, so the op fails with `fmt`'s message and the communicator with it.
+ * Returns TCC_ERR_MISMATCH. */
+__attribute__((format(printf, 3, 4)))
+tcc_result_t tcc__coll_out_of_step(tcc_comm_t *comm, tcc_err_t *err, const char *fmt, ...);
+
 /* When data arriving for this rank could land on input it still has to
  * send (outputs overlapping inputs, other than exact in-place use, which
  * every algorithm handles), points *staged at a copy of c whose inputs are
@@ -119,6 +126,10 @@ void tcc__coll_release(tcc_comm_t *comm);
  * failed. Only the thread holding the collective queue calls it. */
 tcc_result_t tcc__coll_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                            tcc_err_t *err);
+/* Before a healthy communicator's transport closes, with no op running:
+ * reads what its peers sent it that no op has read yet, for up to
+ * grace_ms (coll_stream_eager.c's one-sided ops leave such bytes). */
+void tcc__coll_settle(tcc_comm_t *comm, int64_t grace_ms);
 /* The name of the algorithm tcc__coll_run will run c with (for logs). */
 const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c);
 

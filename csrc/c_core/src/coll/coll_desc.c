@@ -6,6 +6,7 @@
  * rank reaches the same verdict and a mismatch fails the op everywhere
  * without any data having moved (the communicator stays usable).
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,17 @@
 #include "core/internal.h"
 #include "core/mutation.h"
 #include "core/copy.h"
+
+tcc_result_t tcc__coll_out_of_step(tcc_comm_t *comm, tcc_err_t *err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char why[TCC_ERRLEN];
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  tcc__err_set(err, TCC_ERR_MISMATCH, "%s (the ranks are out of step: the communicator fails)", why);
+  tcc__comm_fail(comm, TCC_ERR_MISMATCH, err->msg);
+  return TCC_ERR_MISMATCH;
+}
 
 const char *tcc__coll_name(tcc_coll_kind_t kind) {
   switch (kind) {

@@ -55,6 +55,15 @@ typedef struct tcc__coll_scratch {
    * descriptors of them, and the first and last op numbers among them
    * since the digests were last compared (0: none) */
   uint64_t slot_pos, slot_room, slot_digest, slot_first_seq, slot_last_seq;
+  /* one-sided rooted ops over streams (coll_stream_eager.c): whether they
+   * run so here; this rank's descriptors of the last of them (a ring of
+   * TCC_STREAM_UNREAD_MAX, by one_sided_ops, how many ran); and per peer
+   * ([size]) how many of those ops' frames are still unread in the stream
+   * from it (those of the last ones) */
+  bool stream_one_sided;
+  tcc_coll_desc_t *one_sided_descs;
+  uint64_t one_sided_ops;
+  uint16_t *unread;
 } tcc__coll_scratch_t;
 
 /* hier_pipe.c: a thread that runs posted jobs, one at a time, while the

@@ -53,10 +53,16 @@ tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
     s->poll_peers = calloc(n, sizeof *s->poll_peers);
     s->poll_events = calloc(n, sizeof *s->poll_events);
     s->poll_revents = calloc(n, sizeof *s->poll_revents);
+    s->stream_one_sided = tcc__stream_one_sided_wanted(comm);
+    if (s->stream_one_sided) {
+      s->one_sided_descs = calloc(TCC_STREAM_UNREAD_MAX, sizeof *s->one_sided_descs);
+      s->unread = calloc(n, sizeof *s->unread);
+    }
   }
   comm->coll_scratch = s;
   if (!s || !s->srcs || !s->descs || !s->pieces || !s->reads || !s->writes || !s->part_src || !s->part_out || !s->part_len ||
-      !s->poll_peers || !s->poll_events || !s->poll_revents) {
+      !s->poll_peers || !s->poll_events || !s->poll_revents ||
+      (s->stream_one_sided && (!s->one_sided_descs || !s->unread))) {
     tcc__coll_release(comm);
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): out of memory", comm->name, tcc__self_label(comm));
   }
@@ -78,11 +84,18 @@ void tcc__coll_release(tcc_comm_t *comm) {
   free(s->poll_peers);
   free(s->poll_events);
   free(s->poll_revents);
+  free(s->one_sided_descs);
+  free(s->unread);
   free(s->partials);
   free(s->widened);
   tcc__hier_pipe_free(s->pipe);
   free(s);
   comm->coll_scratch = NULL;
+}
+
+void tcc__coll_settle(tcc_comm_t *comm, int64_t grace_ms) {
+  if (comm->ops && comm->ops->streams && comm->coll_scratch)
+    tcc__stream_frames_settle(comm, tcc__deadline_after_ms(grace_ms));
 }
 
 /* Mirrors the choices of tcc__coll_run and of the algorithms below it; the
@@ -107,7 +120,10 @@ const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c) {
         default: return "streams direct exchange";
       }
     }
-    if (tcc__stream_eager_fits(c, comm->size)) return "streams one exchange (data with the descriptors)";
+    if (tcc__stream_eager_fits(c, comm->size))
+      return tcc__stream_one_sided(comm, c)
+                 ? "streams one-sided (data with the descriptors; its senders do not wait)"
+                 : "streams one exchange (data with the descriptors)";
     if (tcc__stream_reduce_frames_fits(c, comm->size))
       return "streams reduce-scatter with the descriptors + all-gather";
     if (!reduction) return "streams direct exchange";

@@ -27,7 +27,6 @@
  * disagreement found either way fails the communicator, not only the op:
  * its ranks are no longer in step (they ran different ops).
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -93,19 +92,6 @@ static uint64_t digest_add(uint64_t h, const tcc_coll_desc_t *d) {
   return h;
 }
 
-/* A disagreement: the op fails, and with it the communicator. */
-__attribute__((format(printf, 3, 4)))
-static tcc_result_t out_of_step(tcc_comm_t *comm, tcc_err_t *err, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  char why[TCC_ERRLEN];
-  vsnprintf(why, sizeof why, fmt, ap);
-  va_end(ap);
-  tcc__err_set(err, TCC_ERR_MISMATCH, "%s (the ranks are out of step: the communicator fails)", why);
-  tcc__comm_fail(comm, TCC_ERR_MISMATCH, err->msg);
-  return TCC_ERR_MISMATCH;
-}
-
 /* ---- waits --------------------------------------------------------------- */
 
 typedef struct slot_watch {
@@ -158,7 +144,7 @@ static tcc_result_t wait_for(tcc_comm_t *comm, slot_watch_t *w, bool (*ready)(vo
                                               : "to take what this rank sent it in an earlier small rooted op");
   if (r != TCC_OK) return r;
   if (w->out_of_step)
-    return out_of_step(comm, err,
+    return tcc__coll_out_of_step(comm, err,
                        "tccomm %s #%llu on '%s' (rank %d): rank %d issued a different collective: it went past "
                        "this one without %s",
                        op, (unsigned long long)seq, comm->name, tcc__self_label(comm),
@@ -226,7 +212,7 @@ static tcc_result_t take_part(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_c
     char why[TCC_ERRLEN];
     snprintf(why, sizeof why, "%s", err->msg);
     tcc__err_reset(err);
-    return out_of_step(comm, err, "%s", why);
+    return tcc__coll_out_of_step(comm, err, "%s", why);
   }
   *part = slot + SLOT_PART_AT;
   return TCC_OK;
@@ -317,13 +303,13 @@ tcc_result_t tcc__coll_slots_verify(tcc_comm_t *comm, const tcc_coll_t *c, uint6
   for (int j = 1; j < comm->size; j++) {
     if (*sp->digest(comm, j, parity) == first) continue;
     if (sc->slot_first_seq)
-      return out_of_step(comm, err,
+      return tcc__coll_out_of_step(comm, err,
                          "tccomm %s #%llu on '%s' (rank %d): the ranks disagreed on the small rooted ops before it "
                          "(this rank ran them as #%llu to #%llu): rank 0's digest of them differs from rank %d's",
                          tcc__coll_name(c->kind), (unsigned long long)seq, comm->name, tcc__self_label(comm),
                          (unsigned long long)sc->slot_first_seq, (unsigned long long)sc->slot_last_seq,
                          tcc__rank_label(comm, j));
-    return out_of_step(comm, err,
+    return tcc__coll_out_of_step(comm, err,
                        "tccomm %s #%llu on '%s' (rank %d): the ranks disagreed on small rooted ops before it "
                        "(this rank ran none since the last check): rank 0's digest of them differs from rank %d's",
                        tcc__coll_name(c->kind), (unsigned long long)seq, comm->name, tcc__self_label(comm),

@@ -13,6 +13,22 @@
  * Reductions reduce all n contributions in rank order with the function
  * the general path's reduce-scatter uses, so the bits are the same
  * whichever path ran.
+ *
+ * One-sided rooted ops. Even in one exchange, the root of a broadcast
+ * waits for every peer's descriptor before it returns, so a loop of them
+ * costs a latency per op where a root that returns at once lets the next
+ * op's frames follow while the receivers still take the last. Where the
+ * group's streams are its own (TCC__TRANSPORT_STREAMS_ALONE), the senders
+ * of a small broadcast or scatter (the root) and of a small gather or
+ * reduce (the other ranks) send their frames and return, and a receiver
+ * waits for its senders' frames only. Every rank still sends its frame to
+ * every other before it waits, so a rank that waits on a peer always gets
+ * that peer's frame of the op, whatever op the peer thinks it is, and two
+ * ranks never wait on each other in vain. The frames nobody waited for
+ * are read when their receiver next reads from that peer, and checked
+ * against its own descriptor then (stream_frames.c). A disagreement fails
+ * the communicator: the ranks went on, and frames of the op may be left
+ * where another op reads.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +60,31 @@ bool tcc__stream_eager_fits(const tcc_coll_t *c, int n) {
    * so ranks that choose differently have issued different ops. */
   const size_t bytes = c->count * tcc_dtype_size(c->dtype);
   return n > 1 && c->count <= EAGER_BYTES && bytes <= EAGER_BYTES / (size_t)(n - 1);
+}
+
+bool tcc__stream_one_sided_wanted(const tcc_comm_t *comm) {
+  if (comm->parent || !(comm->ops->caps & TCC__TRANSPORT_STREAMS_ALONE)) return false;
+  const char *s = getenv("TCCOMM_STREAM_ONE_SIDED");
+  return !(s && strcmp(s, "0") == 0);
+}
+
+bool tcc__stream_one_sided(tcc_comm_t *comm, const tcc_coll_t *c) {
+  switch (c->kind) {
+    case TCC_COLL_BROADCAST:
+    case TCC_COLL_SCATTER:
+    case TCC_COLL_GATHER:
+    case TCC_COLL_REDUCE:
+      /* A root out of range takes the exchange, which fails it on every
+       * rank alike (the senders are not known). */
+      return coll_scratch_of(comm)->stream_one_sided && c->root >= 0 && c->root < comm->size;
+    default:
+      return false;
+  }
+}
+
+static bool sends_only(const tcc_coll_t *c, int rank) {
+  const bool root = rank == c->root;
+  return c->kind == TCC_COLL_BROADCAST || c->kind == TCC_COLL_SCATTER ? root : !root;
 }
 
 /* The payload this rank sends to peer j (*len 0: none), and the length it
@@ -105,6 +146,9 @@ static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_
   }
   const void *own = own_input(c, me);
   if (!tcc__stream_frame_plan_alloc(p, n, frames, ins, own ? bytes : 0)) return false;
+  /* One-sided: a receiver listens to its senders only; a sender to none. */
+  p->one_sided = tcc__stream_one_sided(x->comm, c);
+  for (int j = 0; j < n; j++) p->listen[j] = p->one_sided && j != me && !sends_only(c, me) && sends_only(c, j);
   uint8_t *frame = p->frames, *in = p->ins, *last = NULL;
   prev = NULL;
   for (int j = 0; j < n; j++) {

@@ -4,11 +4,14 @@
  * frame taken in three parts (head, descriptor tail, payload), each part's
  * length and place decided when the one before it is in.
  */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "coll/stream_frames.h"
 #include "core/copy.h"
+#include "core/mutation.h"
 
 #define FRAME_MAGIC 0x54434346u
 
@@ -37,6 +40,10 @@ typedef struct frames_in {
   size_t desc_max; /* the longest descriptor a rank of this group can send */
   uint8_t *part;   /* [n] the part each peer's frame is in */
   uint8_t *drop;   /* what no one wanted goes here (made when first needed) */
+  /* [n] frames of earlier one-sided ops to read from each peer before
+   * this op's, and how many of them are read */
+  uint16_t *unread, *read;
+  const bool *listen; /* NULL: this op's frame is read from every peer */
 } frames_in_t;
 
 size_t tcc__stream_frame_bytes(const tcc_coll_t *c, int n, size_t payload) {
@@ -59,7 +66,7 @@ bool tcc__stream_frame_plan_alloc(stream_frame_plan_t *p, int n, size_t frame_by
   frame_bytes = tcc__stream_round64(frame_bytes);
   in_bytes = tcc__stream_round64(in_bytes);
   extra_bytes = tcc__stream_round64(extra_bytes);
-  const size_t tables = (size_t)n * (2 * sizeof(uint8_t *) + 2 * sizeof(size_t) + sizeof(void *));
+  const size_t tables = (size_t)n * (2 * sizeof(uint8_t *) + 2 * sizeof(size_t) + sizeof(void *) + sizeof(bool));
   uint8_t *mem = aligned_alloc(64, frame_bytes + in_bytes + extra_bytes + tcc__stream_round64(tables));
   if (!mem) return false;
   p->mem = mem;
@@ -71,10 +78,13 @@ bool tcc__stream_frame_plan_alloc(stream_frame_plan_t *p, int n, size_t frame_by
   p->out_len = (size_t *)(p->in + n);
   p->in_len = p->out_len + n;
   p->srcs = (const void **)(p->in_len + n);
+  p->listen = (bool *)(p->srcs + n);
+  p->one_sided = false;
   for (int j = 0; j < n; j++) {
     p->out[j] = p->in[j] = NULL;
     p->out_len[j] = p->in_len[j] = 0;
     p->srcs[j] = NULL;
+    p->listen[j] = false;
   }
   return true;
 }
@@ -114,6 +124,35 @@ static uint8_t *drop_space(const stream_xfer_t *x, frames_in_t *in, size_t len, 
   return in->drop;
 }
 
+/* Whether the frame coming from peer is one of an earlier op that did not
+ * read it. */
+static bool earlier(const frames_in_t *in, int peer) { return in->read[peer] < in->unread[peer]; }
+
+static bool reads_op(const frames_in_t *in, int peer) { return !in->listen || in->listen[peer]; }
+
+/* An earlier op's frame from peer, against this rank's descriptor of that
+ * op. That op returned without hearing from peer, so a disagreement leaves
+ * the ranks out of step. */
+static tcc_result_t check_earlier(stream_xfer_t *x, const frames_in_t *in, int peer, tcc_err_t *err) {
+  if (TCC_MUTANT(UNREAD_FRAMES_UNCHECKED)) return TCC_OK; /* MUTATION SITE */
+  const tcc__coll_scratch_t *sc = coll_scratch_of(x->comm);
+  const uint64_t k = sc->one_sided_ops - sc->unread[peer] + in->read[peer];
+  const tcc_coll_desc_t *mine = &sc->one_sided_descs[k % TCC_STREAM_UNREAD_MAX];
+  tcc_coll_desc_t theirs;
+  memcpy(&theirs, head_of(in, peer)->desc, sizeof theirs);
+  const tcc_coll_t op = {.kind = (tcc_coll_kind_t)mine->kind};
+  if (tcc__coll_desc_check_peer(x->comm, &op, mine, &theirs, peer, err) == TCC_OK) return TCC_OK;
+  char pre[160], why[TCC_ERRLEN];
+  snprintf(why, sizeof why, "%s", err->msg);
+  tcc__err_reset(err);
+  tcc__stream_xfer_prefix(x, pre, sizeof(pre));
+  return tcc__coll_out_of_step(x->comm, err,
+                               "%s: rank %d's frame of %s #%llu, which this rank ran without waiting for it, "
+                               "disagrees: %s",
+                               pre, tcc__rank_label(x->comm, peer), tcc__coll_name(op.kind),
+                               (unsigned long long)mine->seq, why);
+}
+
 /* stream_in_next_fn: the head says how long the tail and payload are. */
 static tcc_result_t next_part(stream_xfer_t *x, int peer, tcc_err_t *err) {
   frames_in_t *in = x->in_next_ctx;
@@ -126,24 +165,101 @@ static tcc_result_t next_part(stream_xfer_t *x, int peer, tcc_err_t *err) {
         return malformed(x, peer, err);
       const size_t tail = h->desc_len - sizeof(tcc_coll_desc_t);
       /* Another tail length means another kind of op: the check fails on the
-       * kind before it reads any tail. */
-      uint8_t *dst = tail == in->tail_len ? (uint8_t *)(h + 1) : drop_space(x, in, tail, err);
+       * kind before it reads any tail. An earlier op (a rooted one) has none. */
+      uint8_t *dst = tail == in->tail_len && !earlier(in, peer) ? (uint8_t *)(h + 1) : drop_space(x, in, tail, err);
       if (!dst) return TCC_ERR_SYSTEM;
       expect(l, dst, tail);
       return TCC_OK;
     }
     case PART_TAIL: {
       const stream_frames_t *f = in->f;
-      const bool wanted = f->in && f->in[peer] && f->in_len[peer] == h->payload;
+      const bool wanted = !earlier(in, peer) && f->in && f->in[peer] && f->in_len[peer] == h->payload;
       uint8_t *dst = wanted ? f->in[peer] : drop_space(x, in, h->payload, err);
       if (!dst) return TCC_ERR_SYSTEM;
       expect(l, dst, h->payload);
       return TCC_OK;
     }
     default:
+      if (earlier(in, peer)) {
+        tcc_result_t r = check_earlier(x, in, peer, err);
+        if (r != TCC_OK) return r;
+        in->read[peer]++;
+        if (earlier(in, peer) || reads_op(in, peer)) { /* the next frame */
+          in->part[peer] = PART_HEAD;
+          expect(l, (uint8_t *)head_of(in, peer), sizeof(stream_frame_head_t));
+          return TCC_OK;
+        }
+      }
       l->in_closed = true;
       return TCC_OK;
   }
+}
+
+/* Exactly len bytes from peer into dst (NULL: read and dropped), by the
+ * deadline; false if the stream ends, fails or the deadline passes. */
+static bool settle_read(tcc_comm_t *comm, int peer, void *dst, size_t len, int64_t deadline) {
+  const tcc__stream_ops_t *io = comm->ops->streams;
+  uint8_t dropped[4096];
+  while (len) {
+    const size_t want = dst ? len : (len < sizeof dropped ? len : sizeof dropped);
+    const ssize_t k = io->recv(comm, peer, dst ? dst : dropped, want);
+    if (k > 0) {
+      len -= (size_t)k;
+      if (dst) dst = (uint8_t *)dst + k;
+      continue;
+    }
+    if (k == 0) return false;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    const int64_t now = tcc__now_ns();
+    if (now >= deadline) return false;
+    const int64_t left_ms = (deadline - now) / 1000000 + 1;
+    short events = POLLIN, revents = 0;
+    if (io->poll(comm, 1, &peer, &events, &revents, left_ms < 100 ? (int)left_ms : 100) < 0 && errno != EINTR)
+      return false;
+  }
+  return true;
+}
+
+void tcc__stream_frames_settle(tcc_comm_t *comm, int64_t deadline) {
+  tcc__coll_scratch_t *sc = coll_scratch_of(comm);
+  if (!sc || !sc->unread) return;
+  const size_t desc_max = tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, comm->size);
+  for (int j = 0; j < comm->size; j++) {
+    for (; j != comm->rank && sc->unread[j] > 0; sc->unread[j]--) {
+      stream_frame_head_t h;
+      if (!settle_read(comm, j, &h, sizeof h, deadline) || h.magic != FRAME_MAGIC ||
+          h.desc_len < sizeof(tcc_coll_desc_t) || h.desc_len > desc_max || h.payload > TCC_STREAM_PAYLOAD_MAX)
+        break;
+      if (!settle_read(comm, j, NULL, h.desc_len - sizeof(tcc_coll_desc_t) + h.payload, deadline)) break;
+    }
+  }
+}
+
+/* After a one-sided op: its descriptor is kept, and one more frame from
+ * every peer it did not listen to is waiting. */
+static void record_one_sided(tcc_comm_t *comm, const bool *listen, const void *mine) {
+  tcc__coll_scratch_t *sc = coll_scratch_of(comm);
+  memcpy(&sc->one_sided_descs[sc->one_sided_ops++ % TCC_STREAM_UNREAD_MAX], mine, sizeof(tcc_coll_desc_t));
+  for (int j = 0; j < comm->size; j++)
+    if (j != comm->rank && !listen[j]) sc->unread[j]++;
+}
+
+/* A one-sided op: each frame read against this rank's descriptor. */
+static tcc_result_t check_listened(stream_xfer_t *x, const tcc_coll_t *c, const frames_in_t *in, tcc_err_t *err) {
+  const int me = x->comm->rank;
+  tcc_coll_desc_t mine, theirs;
+  memcpy(&mine, head_of(in, me)->desc, sizeof mine);
+  for (int j = 0; j < x->comm->size; j++) {
+    if (j == me || !in->listen[j]) continue;
+    memcpy(&theirs, head_of(in, j)->desc, sizeof theirs);
+    if (tcc__coll_desc_check_peer(x->comm, c, &mine, &theirs, j, err) == TCC_OK) continue;
+    char why[TCC_ERRLEN];
+    snprintf(why, sizeof why, "%s", err->msg);
+    tcc__err_reset(err);
+    return tcc__coll_out_of_step(x->comm, err, "%s", why); /* its senders went on */
+  }
+  return TCC_OK;
 }
 
 tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, const stream_frames_t *f,
@@ -155,8 +271,9 @@ tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, 
                     .tail_len = mine_len - head,
                     .desc_max = tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, n)};
   in.stride = (in.stride + 7) & ~(size_t)7; /* every region's head 8-byte aligned */
-  /* regions, then the descriptors' addresses, then each frame's part */
-  uint8_t *mem = calloc(1, (size_t)n * (in.stride + sizeof(void *) + 1));
+  /* regions, then the descriptors' addresses, the earlier frames to read
+   * and read, then each frame's part */
+  uint8_t *mem = calloc(1, (size_t)n * (in.stride + sizeof(void *) + 2 * sizeof(uint16_t) + 1));
   if (!mem) {
     char pre[160];
     tcc__stream_xfer_prefix(x, pre, sizeof(pre));
@@ -164,7 +281,11 @@ tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, 
   }
   in.regions = mem;
   const void **descs = (const void **)(mem + (size_t)n * in.stride);
-  in.part = (uint8_t *)(descs + n);
+  in.unread = (uint16_t *)(descs + n);
+  in.read = in.unread + n;
+  in.part = (uint8_t *)(in.read + n);
+  in.listen = f->listen;
+  tcc__coll_scratch_t *sc = coll_scratch_of(x->comm);
   /* this rank's own frame head and tail, for the check */
   tcc__coll_desc_fill(c, x->seq, n, head_of(&in, me)->desc);
 
@@ -174,14 +295,22 @@ tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, 
     descs[j] = head_of(&in, j)->desc;
     if (j == me) continue;
     x->links[j] = (stream_link_t){.out_ptr = f->out[j], .out_raw = f->out_len[j]};
-    expect(&x->links[j], (uint8_t *)head_of(&in, j), sizeof(stream_frame_head_t));
+    /* A peer this op does not listen to: its earlier frames are read only
+     * when as many as a stream may hold wait (TCC_STREAM_UNREAD_MAX). */
+    const uint16_t unread = sc->unread ? sc->unread[j] : 0;
+    in.unread[j] = !reads_op(&in, j) && unread < TCC_STREAM_UNREAD_MAX ? 0 : unread;
+    if (in.unread[j] || reads_op(&in, j)) expect(&x->links[j], (uint8_t *)head_of(&in, j), sizeof(stream_frame_head_t));
+    else x->links[j].in_closed = true;
   }
   x->in_next = next_part;
   x->in_next_ctx = &in;
   tcc_result_t r = tcc__stream_xfer_run(x, deadline, err);
   x->in_next = NULL;
   x->in_next_ctx = NULL;
-  if (r == TCC_OK) r = tcc__coll_desc_check(x->comm, c, descs, err);
+  if (sc->unread)
+    for (int j = 0; j < n; j++) sc->unread[j] = (uint16_t)(sc->unread[j] - in.read[j]);
+  if (r == TCC_OK) r = f->listen ? check_listened(x, c, &in, err) : tcc__coll_desc_check(x->comm, c, descs, err);
+  if (r == TCC_OK && f->listen) record_one_sided(x->comm, f->listen, head_of(&in, me)->desc);
   if (r == TCC_OK && send_matrix && c->kind == TCC_COLL_ALLTOALL)
     for (int j = 0; j < n; j++) /* the counts the check read, in whichever form a peer sent */
       for (int k = 0; k < n; k++) send_matrix[(size_t)j * (size_t)n + (size_t)k] = tcc__coll_desc_sends(descs[j], k);

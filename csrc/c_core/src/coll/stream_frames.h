@@ -18,6 +18,11 @@
 /* The most payload a frame may carry to one peer (a larger one means the
  * streams are out of step). */
 #define TCC_STREAM_PAYLOAD_MAX (64u << 10)
+/* The most one-sided ops whose frames from a peer a rank may leave unread
+ * (it did not wait for that peer in them): it then reads them before it
+ * goes on, so its peers' frames never fill a stream's buffer (64
+ * descriptor frames take about 3 KB). */
+#define TCC_STREAM_UNREAD_MAX 64
 
 /* Bytes of this rank's frame for c carrying `payload` bytes. */
 size_t tcc__stream_frame_bytes(const tcc_coll_t *c, int n, size_t payload);
@@ -36,6 +41,13 @@ typedef struct stream_frames {
   const size_t *out_len;
   uint8_t *const *in;
   const size_t *in_len;
+  /* NULL: every peer's frame is read and every rank's descriptor checked.
+   * Else a one-sided op (coll_stream_eager.c): this rank reads the frames
+   * of the peers marked, each checked against its own descriptor (a
+   * disagreement fails the communicator, as the senders went on); the
+   * others' frames of the op stay in the streams, read and checked when
+   * it next reads from them. */
+  const bool *listen;
 } stream_frames_t;
 
 /* Each frame and payload of a plan starts on a cache line of its own. */
@@ -45,13 +57,16 @@ static inline size_t tcc__stream_round64(size_t len) { return (len + 63) & ~(siz
  * allocation: `frame_bytes` for the frames this rank sends (`frames`),
  * `in_bytes` for the payloads that arrive (`ins`), `extra_bytes` for the
  * caller (`extra`; each region a multiple of 64 bytes), then the tables:
- * a stream_frames_t's (every out and in NULL, every length 0) and n
- * sources for a reduction over the payloads. */
+ * a stream_frames_t's (every out and in NULL, every length 0, no peer
+ * listened to, not one-sided) and n sources for a reduction over the
+ * payloads. */
 typedef struct stream_frame_plan {
   uint8_t **out;
   size_t *out_len;
   uint8_t **in;
   size_t *in_len;
+  bool *listen; /* the frames' when one_sided */
+  bool one_sided;
   const void **srcs;
   uint8_t *frames, *ins, *extra;
   void *mem;
@@ -61,20 +76,37 @@ typedef struct stream_frame_plan {
 bool tcc__stream_frame_plan_alloc(stream_frame_plan_t *p, int n, size_t frame_bytes, size_t in_bytes,
                                   size_t extra_bytes);
 static inline stream_frames_t tcc__stream_frame_plan_frames(const stream_frame_plan_t *p) {
-  return (stream_frames_t){.out = p->out, .out_len = p->out_len, .in = p->in, .in_len = p->in_len};
+  return (stream_frames_t){
+      .out = p->out, .out_len = p->out_len, .in = p->in, .in_len = p->in_len, .listen = p->one_sided ? p->listen : NULL};
 }
 
 /* Sends and receives every peer's frame at once, then checks every rank's
  * descriptor (tcc__coll_desc_check: the same verdict on every rank). For
  * an all-to-all, send_matrix (NULL, or size x size) gets every rank's
- * send counts. */
+ * send counts. A peer's frames of earlier one-sided ops that this rank did
+ * not read are read first, each checked against this rank's descriptor of
+ * that op (a disagreement fails the communicator); from a peer a one-sided
+ * op does not listen to, only where TCC_STREAM_UNREAD_MAX are waiting. */
 tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, const stream_frames_t *f,
                                          int64_t deadline, uint64_t *send_matrix, tcc_err_t *err);
+
+/* Before a healthy communicator closes its streams: reads the frames of
+ * one-sided ops that no op read (until the deadline, or a stream ends),
+ * so that no stream closes with bytes unread, which TCP answers with a
+ * reset that can cost the peer what it has yet to read. */
+void tcc__stream_frames_settle(tcc_comm_t *comm, int64_t deadline);
 
 /* coll_stream_eager.c: whether c goes in one exchange, descriptors and
  * data together (small ops; every rank chooses alike from the descriptor
  * fields the check compares), and that path. */
 bool tcc__stream_eager_fits(const tcc_coll_t *c, int n);
+/* Whether comm's small rooted ops may run one-sided (at attach), and
+ * whether c, which fits that path, does: every rank still sends its frame
+ * to every other, but the senders of a broadcast or scatter (the root) or
+ * of a gather or reduce (the other ranks) wait for nothing, and a
+ * receiver waits for its senders alone. */
+bool tcc__stream_one_sided_wanted(const tcc_comm_t *comm);
+bool tcc__stream_one_sided(tcc_comm_t *comm, const tcc_coll_t *c);
 tcc_result_t tcc__coll_stream_eager(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline, tcc_err_t *err);
 
 /* coll_stream_reduce_frames.c: whether c is an all-reduce too large for

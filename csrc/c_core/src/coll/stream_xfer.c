@@ -211,6 +211,19 @@ static tcc_result_t receive(stream_xfer_t *x, int peer, bool *moved, tcc_err_t *
   }
 }
 
+/* A send to `peer` failed with errnum. A peer that closed its end may
+ * have said why before it did (a frame that disagrees with this rank's
+ * ops, which failed its communicator): what it sent is read first, and
+ * the error found there wins. */
+static tcc_result_t send_failed(stream_xfer_t *x, int peer, int errnum, bool *moved, tcc_err_t *err) {
+  if (errnum == EPIPE || errnum == ECONNRESET) {
+    const tcc_result_t why = receive(x, peer, moved, err);
+    if (why == TCC_ERR_MISMATCH) return why;
+    if (err) tcc__err_reset(err);
+  }
+  return peer_failed(x, peer, "sending to", errnum, err);
+}
+
 /* Moves what the stream to `peer` takes and gives now. */
 static tcc_result_t pump(stream_xfer_t *x, int peer, short revents, bool *moved,
                          tcc_err_t *err) {
@@ -223,7 +236,7 @@ static tcc_result_t pump(stream_xfer_t *x, int peer, short revents, bool *moved,
       ssize_t k = io->send(x->comm, peer, p, n);
       if (k < 0 && errno == EINTR) continue;
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      if (k < 0) return peer_failed(x, peer, "sending to", errno, err);
+      if (k < 0) return send_failed(x, peer, errno, moved, err);
       l->out_done += (size_t)k;
       *moved = true;
       if ((size_t)k < n) break; /* the stream's buffer is full */
@@ -277,7 +290,7 @@ static tcc_result_t fail_aborted(const stream_xfer_t *x, tcc_err_t *err) {
  * its peers (transport `failed`): then its failure, not the stream's end,
  * is why. */
 static tcc_result_t pump_failed(const stream_xfer_t *x, tcc_result_t r, tcc_err_t *err) {
-  if (!atomic_load(&x->comm->aborted)) return r;
+  if (!atomic_load(&x->comm->aborted) || r == TCC_ERR_MISMATCH) return r; /* a disagreement says why itself */
   if (err) err->code = TCC_OK; /* replaced, not kept as the first failure */
   return fail_aborted(x, err);
 }

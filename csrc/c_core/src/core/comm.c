@@ -158,12 +158,16 @@ void tcc_comm_abort(tcc_comm_t *comm) {
 
 /* How long destroy lets device work in flight finish before aborting it. */
 #define DESTROY_DEVICE_GRACE_MS 10000
+/* How long destroy waits for its peers' frames of the ops in which it
+ * only sent (tcc__coll_settle). */
+#define DESTROY_SETTLE_MS 10000
 
 void tcc_comm_destroy(tcc_comm_t *comm) {
   if (!comm) return;
   /* In a forked child the threads, descriptors and mappings are the
    * parent's (or gone: see forksafe.c, MADV_DONTFORK): touch nothing. */
   if (getpid() != comm->owner_pid) return;
+  const bool healthy = tcc_comm_status(comm) == TCC_OK;
   /* Device work in flight finishes first, within a bound: a caller that
    * only made its stream wait for an op may destroy right after, and the
    * device is still working for it. */
@@ -181,6 +185,7 @@ void tcc_comm_destroy(tcc_comm_t *comm) {
   /* The device first: its watchdog may still fail ops that reach the host side. */
   tcc__device_executor.stop(comm);
   tcc__host_executor.stop(comm);
+  if (healthy) tcc__coll_settle(comm, DESTROY_SETTLE_MS);
   if (comm->ops) comm->ops->destroy(comm);
   tcc__comm_release(comm);
 }

@@ -29,7 +29,8 @@
   X(REDUCE_SCATTER_SWAP, "reduce_scatter_swap") /* chunks 0 and 1 trade places */       \
   X(P2P_TAG_IGNORED, "p2p_tag_ignored")         /* a peer's first message matches */     \
   X(DEAD_PEER_UNREPORTED, "dead_peer_unreported") /* shm liveness: always alive */      \
-  X(MISMATCH_UNCHECKED, "mismatch_unchecked")   /* ranks' descriptors never compared */
+  X(MISMATCH_UNCHECKED, "mismatch_unchecked")   /* ranks' descriptors never compared */ \
+  X(UNREAD_FRAMES_UNCHECKED, "unread_frames_unchecked") /* TCP: a frame no op waited for is never checked */
 
 enum tcc_mutation {
   TCC_MUT_NONE = 0,

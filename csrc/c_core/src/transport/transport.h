@@ -109,6 +109,10 @@ enum {
   /* Every rank of the group can map memory every other rank shares (one
    * host, one /dev/shm): windows and single-copy movement need it. */
   TCC__TRANSPORT_SHARES_MEMORY = 1u << 0,
+  /* The group's streams carry its own collectives only (no view of
+   * another group reads them): a sender may leave its peers' frames of an
+   * op unread until its next op (coll_stream_eager.c). */
+  TCC__TRANSPORT_STREAMS_ALONE = 1u << 1,
 };
 
 typedef struct tcc_transport_ops {

@@ -6,7 +6,12 @@
  *
  * Input: [n - 2] [rank] [kind] [count] [piece] [payload expected from
  * each peer, u8 each], then each peer's stream in rank order as [u16
- * length] [bytes], the stream ending there. Every outcome must be a verdict
+ * length] [bytes], the stream ending there, then [earlier] [send-only]:
+ * earlier % 4 one-sided broadcasts of count elements from root 0 (#6, #7,
+ * #8) this rank listened to no peer in before, whose frames come first
+ * from every peer (coll_stream_eager.c), and which peers this op, then
+ * one-sided too, does not listen to (bit j: peer j). Every outcome must
+ * be a verdict
  * (TCC_OK, a mismatch, a malformed frame or a stream that ended), with a
  * message naming the op, the communicator and this rank, never a read or
  * write outside a buffer; a peer's payload lands only where it was
@@ -84,6 +89,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   snprintf(comm->name, sizeof comm->name, "fuzz");
   tcc_err_t err = {TCC_OK, {0}};
   if (tcc__coll_attach(comm, &err) != TCC_OK) abort();
+  const unsigned earlier = fuzz_u8(&in) % 4;
+  const uint8_t deaf_to = fuzz_u8(&in);
+  bool listen[MAX_RANKS];
+  for (int j = 0; j < n; j++) listen[j] = j != me && !(deaf_to >> j & 1);
+  if (earlier) { /* as after one-sided ops on a group whose streams are its own */
+    tcc__coll_scratch_t *sc = coll_scratch_of(comm);
+    sc->one_sided_descs = calloc(TCC_STREAM_UNREAD_MAX, sizeof *sc->one_sided_descs);
+    sc->unread = calloc((size_t)n, sizeof *sc->unread);
+    if (!sc->one_sided_descs || !sc->unread) abort();
+    const tcc_coll_t b = {.kind = TCC_COLL_BROADCAST, .dtype = TCC_FLOAT32, .count = count};
+    for (unsigned k = 0; k < earlier; k++) tcc__coll_desc_fill(&b, 9 - earlier + k, n, &sc->one_sided_descs[k]);
+    sc->one_sided_ops = earlier;
+    for (int j = 0; j < n; j++) sc->unread[j] = j == me ? 0 : (uint16_t)earlier;
+  }
 
   /* this rank's op: float32, count elements, root 0, all-to-all counts */
   size_t counts[MAX_RANKS] = {count, count, count, count};
@@ -102,7 +121,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memset(payloads, 0xEE, (size_t)n * 256 + 1);
   stream_link_t links[MAX_RANKS];
   stream_xfer_t x = {.comm = comm, .what = tcc__coll_name(kind), .phase = "start", .seq = 9, .links = links};
-  const stream_frames_t f = {.out = outs, .out_len = out_len, .in = ins, .in_len = in_len};
+  const stream_frames_t f = {.out = outs, .out_len = out_len, .in = ins, .in_len = in_len,
+                             .listen = earlier ? listen : NULL};
   uint64_t matrix[MAX_RANKS * MAX_RANKS];
   tcc_result_t r = tcc__stream_frames_exchange(&x, &c, &f, INT64_MAX, matrix, &err);
   assert(r == TCC_OK || r == TCC_ERR_MISMATCH || r == TCC_ERR_REMOTE);

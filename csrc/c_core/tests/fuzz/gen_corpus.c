@@ -214,6 +214,40 @@ static void frames_seed(const char *name, int n, int me, frame_spec_t usual, uin
   save("stream_frames", name, &o);
 }
 
+/* Rank 0 of 2, the root of `earlier` one-sided broadcasts of 4 elements
+ * (#6 ..) before this allreduce (#9): its peer's frames of those come
+ * first, the first of them naming root `root_of_first`. deaf_to: the
+ * peers this op, one-sided too, does not listen to (bit j: peer j). */
+static void earlier_seed(const char *name, int earlier, int root_of_first, uint8_t deaf_to) {
+  out_t o = {.len = 0};
+  put8(&o, 0); /* 2 ranks */
+  put8(&o, 0); /* rank 0 */
+  put8(&o, (uint8_t)(TCC_COLL_ALLREDUCE - TCC_COLL_BROADCAST));
+  put8(&o, 4);
+  put8(&o, 6);
+  put8(&o, 0);
+  put8(&o, 16); /* the allreduce's payload from rank 1 */
+  put(&o, "\0\0", 2);
+  uint8_t stream[1024], data[16];
+  size_t len = 0;
+  for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 5 + 1);
+  for (int k = 0; k < earlier; k++) {
+    const tcc_coll_t b = {.kind = TCC_COLL_BROADCAST, .dtype = TCC_FLOAT32, .count = 4, .root = k ? 0 : root_of_first};
+    tcc__stream_frame_fill(&b, (uint64_t)(9 - earlier + k), 2, NULL, 0, stream + len);
+    len += tcc__stream_frame_bytes(&b, 2, 0);
+  }
+  const tcc_coll_t a = {.kind = TCC_COLL_ALLREDUCE, .dtype = TCC_FLOAT32, .redop = TCC_SUM, .count = 4};
+  tcc__stream_frame_fill(&a, 9, 2, data, sizeof data, stream + len);
+  len += tcc__stream_frame_bytes(&a, 2, sizeof data);
+  assert(len <= sizeof stream);
+  const uint8_t l16[2] = {(uint8_t)len, (uint8_t)(len >> 8)};
+  put(&o, l16, 2);
+  put(&o, stream, len);
+  put8(&o, (uint8_t)earlier);
+  put8(&o, deaf_to);
+  save("stream_frames", name, &o);
+}
+
 static void gen_stream_frames(void) {
   const frame_spec_t none = {TCC_COLL_BARRIER, 0, 0, 0};
   frames_seed("allreduce", 2, 0, (frame_spec_t){TCC_COLL_ALLREDUCE, 2, 8, 0}, 8, -1, none);
@@ -231,6 +265,11 @@ static void gen_stream_frames(void) {
   /* an unexpected tail, then a longer unexpected payload: both dropped */
   frames_seed("drop-tail-then-payload", 3, 2, (frame_spec_t){TCC_COLL_ALLREDUCE, 50, 200, 0}, 8, 0,
               (frame_spec_t){TCC_COLL_ALLTOALL, 2, 0, 0});
+  /* the frames of earlier one-sided ops first: agreeing, one naming
+   * another root, and an op that reads none of them */
+  earlier_seed("earlier-one-sided", 3, 0, 0);
+  earlier_seed("earlier-root-mismatch", 2, 1, 0);
+  earlier_seed("earlier-send-only", 1, 0, 2);
 }
 
 /* ---- shared-memory transport header ---- */

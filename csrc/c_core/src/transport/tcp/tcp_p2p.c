@@ -173,6 +173,7 @@ static void tcp_destroy(tcc_comm_t *comm) {
 
 const tcc_transport_ops_t tcc__tcp_transport_ops = {
     .name = "tcp",
+    .caps = TCC__TRANSPORT_STREAMS_ALONE,
     .streams = &tcc__tcp_streams,
     .p2p_write = tcc__tcp_p2p_write,
     .p2p_read = tcc__tcp_p2p_read,
