@@ -4,13 +4,14 @@
  * tcc_op_release, no torch. The floor under every layer above it
  * (bench/bench_layers.py prints it next to them).
  *
- * Usage: bench_latency [ranks] [shm|tcp] [allreduce|allgather|alltoall|p2p]
+ * Usage: bench_latency [ranks] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p]
  *        (default: 2 shm allreduce)
  * Prints one line per batch on rank 0, then
  *   "core 8 B <op>, <n> ranks, <transport>: median <us> us per call"
  * allgather and alltoall move 8 bytes (2 float32) per pair of ranks. Every
  * result is checked (the sum of the ranks' values; every block received
- * from the rank and for the rank it should come from).
+ * from the rank and for the rank it should come from). broadcast moves 8
+ * bytes from rank 0, a small rooted op whose root returns at once.
  *
  * p2p (2 ranks): round trips of 8 bytes, rank 0 sends and receives the
  * reply, rank 1 receives and sends it back plus one; each reply checked.
@@ -30,8 +31,9 @@
 #define CALLS 20000
 #define TCC_MAX_BENCH_RANKS 8
 
-typedef enum { OP_ALLREDUCE, OP_ALLGATHER, OP_ALLTOALL } coll_op_t;
-static const char *const coll_names[] = {"allreduce", "allgather", "alltoall"};
+typedef enum { OP_ALLREDUCE, OP_ALLGATHER, OP_ALLTOALL, OP_BROADCAST } coll_op_t;
+static const char *const coll_names[] = {"allreduce", "allgather", "alltoall", "broadcast"};
+#define COLL_KINDS 4
 
 /* One op's buffers: 2 float32 per rank (all-reduce: its input and output). */
 typedef struct blocks {
@@ -54,8 +56,10 @@ static int coll_once(tcc_comm_t *comm, coll_op_t what, blocks_t *b, int i) {
     b->recvs[j] = (tcc_buf_t){b->out[j], 2, TCC_FLOAT32, -1, NULL};
   }
   tcc_op_t *op;
+  if (what == OP_BROADCAST && me != 0) b->in[0][0] = b->in[0][1] = -1;
   const tcc_result_t issued = what == OP_ALLREDUCE   ? tcc_allreduce(comm, b->sends[0], b->sends[0], TCC_SUM, NULL, &op)
                               : what == OP_ALLGATHER ? tcc_allgather(comm, b->sends[0], b->recvs, NULL, &op)
+                              : what == OP_BROADCAST ? tcc_broadcast(comm, b->sends[0], 0, NULL, &op)
                                                      : tcc_alltoall(comm, b->sends, b->recvs, NULL, &op);
   if (issued != TCC_OK) return 0;
   const tcc_result_t r = tcc_op_wait(op, -1);
@@ -66,6 +70,7 @@ static int coll_once(tcc_comm_t *comm, coll_op_t what, blocks_t *b, int i) {
     for (int j = 0; j < n; j++) want += value_of(what, j, me, i);
     return b->in[0][0] == want && b->in[0][1] == want;
   }
+  if (what == OP_BROADCAST) return b->in[0][0] == value_of(what, 0, 0, i) && b->in[0][1] == value_of(what, 0, 0, i);
   for (int j = 0; j < n; j++)
     if (b->out[j][0] != value_of(what, j, me, i) || b->out[j][1] != value_of(what, j, me, i)) return 0;
   return 1;
@@ -146,11 +151,11 @@ int main(int argc, char **argv) {
   const char *what = argc > 3 ? argv[3] : "allreduce";
   const int p2p = strcmp(what, "p2p") == 0, hybrid = strcmp(transport, "hybrid") == 0;
   int coll = -1;
-  for (int k = 0; k < 3; k++)
+  for (int k = 0; k < COLL_KINDS; k++)
     if (strcmp(what, coll_names[k]) == 0) coll = k;
   if (n < 1 || n > TCC_MAX_BENCH_RANKS || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0 && !hybrid) ||
       (!p2p && coll < 0) || (p2p && n != (hybrid ? 4 : 2)) || (hybrid && !p2p)) {
-    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|allgather|alltoall|p2p (2 ranks)]\n"
+    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p (2 ranks)]\n"
                     "       bench_latency 4 hybrid p2p\n");
     return 2;
   }

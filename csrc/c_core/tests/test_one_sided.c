@@ -9,6 +9,9 @@
  *    every result against values computed here, and every op counted as
  *    one-sided;
  *  - a receiver that lags (sleeps) while its root runs on;
+ *  - the frames no one waits for, held back: a receiver holds them, and
+ *    once it goes quiet its collective thread sends them, so a root that
+ *    must read them does not wait for the receiver's next op;
  *  - disagreements: a size (found by the receiver in the op, by the root
  *    at its next op), two roots that both only send (found at the next
  *    op), two receivers (found at once), another kind of op, and one rank
@@ -49,8 +52,9 @@ static tcc_result_t finish(tcc_result_t r, tcc_op_t *op, char *msg, size_t len) 
 }
 #define RUN(call) ({ tcc_op_t *op = NULL; tcc_result_t r_ = (call); finish(r_, op, msg, sizeof msg); })
 
-/* Ops this rank ran one-sided. */
+/* Ops this rank ran one-sided, and frames it held back. */
 static uint64_t one_sided_ops(tcc_comm_t *comm) { return coll_scratch_of(comm)->one_sided_ops; }
+static uint64_t held_frames(tcc_comm_t *comm) { return coll_scratch_of(comm)->held_frames; }
 
 /* The largest count of `kind` (0 broadcast, 1 scatter, 2 gather, 3 reduce)
  * that goes one-sided on n ranks: each peer's payload within the budget. */
@@ -125,10 +129,12 @@ static void all_rooted(tcc_comm_t *comm) {
   int op_no = 0;
   for (int kind = 0; kind < 4; kind++) {
     const size_t counts[] = {0, 1, 3, 8, max_count(n)};
-    const uint64_t before = one_sided_ops(comm);
+    const uint64_t before = one_sided_ops(comm), held_before = held_frames(comm);
     for (int i = 0; i < LOOP; i++) rooted_op(comm, kind, i % n, counts[i % 5], op_no++);
     CHECK(one_sided_ops(comm) - before == LOOP, "kind %d: %llu ops of %d ran one-sided", kind,
           (unsigned long long)(one_sided_ops(comm) - before), LOOP);
+    /* every rank receives in some of them, whose frames it holds back */
+    CHECK(held_frames(comm) > held_before, "kind %d: no frame held back", kind);
     allreduce_ok(comm);
   }
   /* One element past the budget takes the exchange, on every rank alike. */
@@ -161,6 +167,34 @@ static void lagging_receiver(tcc_comm_t *comm) {
   CHECK(RUN(tcc_barrier(comm, NULL, &op)) == TCC_OK, "barrier: %s", msg);
 }
 
+/* The receiver starts late, so the root runs ahead until it must read the
+ * frames of the receiver that it left unread (TCC_STREAM_UNREAD_MAX of
+ * them); the receiver then finds every op's data there, waits for nothing,
+ * and holds its last frames back. It goes quiet after the last op: its
+ * collective thread sends them, and the root goes on well before the
+ * receiver's next op. */
+static void quiet_receiver(tcc_comm_t *comm) {
+  const int me = tcc_comm_rank(comm);
+  char msg[TCC_ERRLEN];
+  int32_t buf[4];
+  if (me == 1) usleep(200000);
+  const int64_t t0 = tcc__now_ns();
+  for (int i = 0; i <= TCC_STREAM_UNREAD_MAX; i++) {
+    for (size_t k = 0; k < 4; k++) buf[k] = me == 0 ? value(0, i, k) : -1;
+    CHECK(RUN(tcc_broadcast(comm, i32_buf(buf, 4), 0, NULL, &op)) == TCC_OK, "broadcast #%d: %s", i, msg);
+    for (size_t k = 0; k < 4; k++) CHECK(buf[k] == value(0, i, k), "broadcast #%d: [%zu] %d", i, k, buf[k]);
+  }
+  const double took_s = (double)(tcc__now_ns() - t0) / 1e9;
+  if (me == 1) {
+    CHECK(held_frames(comm) >= TCC_STREAM_HOLD_MAX, "rank 1 held back %llu frames",
+          (unsigned long long)held_frames(comm));
+    sleep(4);
+  } else {
+    CHECK(took_s < 2.0, "the root's broadcasts took %.2f s: it waited for the receiver's next op", took_s);
+  }
+  CHECK(RUN(tcc_barrier(comm, NULL, &op)) == TCC_OK, "barrier: %s", msg);
+}
+
 /* ---- disagreements --------------------------------------------------- */
 
 static void expect_failed(tcc_comm_t *comm, tcc_result_t got, const char *msg, const char *want) {
@@ -170,11 +204,15 @@ static void expect_failed(tcc_comm_t *comm, tcc_result_t got, const char *msg, c
   if (want) CHECK(strstr(msg, want) != NULL, "rank %d: '%s' lacks '%s'", tcc_comm_rank(comm), msg, want);
 }
 
-/* The receiver finds it in the op; the root, which went on, at its next. */
+/* The receiver finds it in the op; the root, which went on, at its next.
+ * The receiver comes late, finds the root's frame there and so waits for
+ * nothing: it holds its own frame back, and sends it before it fails, so
+ * the root reads why. */
 static void size_disagrees(tcc_comm_t *comm) {
   const int me = tcc_comm_rank(comm);
   char msg[TCC_ERRLEN];
   int32_t buf[8] = {0};
+  if (me == 1) usleep(100000);
   tcc_result_t r = RUN(tcc_broadcast(comm, i32_buf(buf, me == 1 ? 8 : 4), 0, NULL, &op));
   if (me == 1) {
     expect_failed(comm, r, msg, "size mismatch");
@@ -331,6 +369,7 @@ int main(void) {
       {"rooted ops", 3, all_rooted},
       {"rooted ops", 4, all_rooted},
       {"lagging receiver", 3, lagging_receiver},
+      {"quiet receiver", 2, quiet_receiver},
       {"size disagrees", 2, size_disagrees},
       {"two roots", 2, two_roots},
       {"two roots and a receiver", 3, two_roots},

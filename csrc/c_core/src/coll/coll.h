@@ -130,6 +130,13 @@ tcc_result_t tcc__coll_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, 
  * reads what its peers sent it that no op has read yet, for up to
  * grace_ms (coll_stream_eager.c's one-sided ops leave such bytes). */
 void tcc__coll_settle(tcc_comm_t *comm, int64_t grace_ms);
+/* Whether the algorithms hold output back for a later op (coll_stream_eager.c
+ * holds the frames no peer waits for); any thread may ask. With the
+ * collective queue held and no op running, tcc__coll_idle sends it, as
+ * far as the transport takes it now: the collective thread calls it when
+ * no op came for a while, so nothing is held for long. */
+bool tcc__coll_holds_output(tcc_comm_t *comm);
+void tcc__coll_idle(tcc_comm_t *comm);
 /* The name of the algorithm tcc__coll_run will run c with (for logs). */
 const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c);
 

@@ -64,6 +64,17 @@ typedef struct tcc__coll_scratch {
   tcc_coll_desc_t *one_sided_descs;
   uint64_t one_sided_ops;
   uint16_t *unread;
+  /* ... and the frames of those ops this rank held back, not yet sent
+   * (stream_frames.h): per peer ([size]) a space for TCC_STREAM_HOLD_MAX
+   * frames (held_space bytes each), how many bytes of it wait, and how
+   * many frames were ever held (for tests); held_any, whether any wait,
+   * is read by the collective thread without the queue, to know when
+   * there is something to send while idle (tcc__coll_idle) */
+  uint8_t *held;
+  size_t held_space;
+  size_t *held_bytes;
+  uint64_t held_frames;
+  atomic_bool held_any;
 } tcc__coll_scratch_t;
 
 /* hier_pipe.c: a thread that runs posted jobs, one at a time, while the

@@ -41,6 +41,7 @@ static void log_thresholds(tcc_comm_t *comm) {
 tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
   const size_t n = (size_t)comm->size;
   tcc__coll_scratch_t *s = calloc(1, sizeof *s);
+  bool held_ok = true;
   if (s) {
     s->srcs = calloc(n, sizeof *s->srcs);
     s->descs = calloc(n, sizeof *s->descs);
@@ -57,12 +58,13 @@ tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
     if (s->stream_one_sided) {
       s->one_sided_descs = calloc(TCC_STREAM_UNREAD_MAX, sizeof *s->one_sided_descs);
       s->unread = calloc(n, sizeof *s->unread);
+      held_ok = tcc__stream_held_alloc(s, (int)n);
     }
   }
   comm->coll_scratch = s;
   if (!s || !s->srcs || !s->descs || !s->pieces || !s->reads || !s->writes || !s->part_src || !s->part_out || !s->part_len ||
       !s->poll_peers || !s->poll_events || !s->poll_revents ||
-      (s->stream_one_sided && (!s->one_sided_descs || !s->unread))) {
+      (s->stream_one_sided && (!s->one_sided_descs || !s->unread || !held_ok))) {
     tcc__coll_release(comm);
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm '%s' (rank %d): out of memory", comm->name, tcc__self_label(comm));
   }
@@ -86,11 +88,23 @@ void tcc__coll_release(tcc_comm_t *comm) {
   free(s->poll_revents);
   free(s->one_sided_descs);
   free(s->unread);
+  free(s->held);
+  free(s->held_bytes);
   free(s->partials);
   free(s->widened);
   tcc__hier_pipe_free(s->pipe);
   free(s);
   comm->coll_scratch = NULL;
+}
+
+bool tcc__coll_holds_output(tcc_comm_t *comm) {
+  const tcc__coll_scratch_t *s = coll_scratch_of(comm);
+  return s && atomic_load_explicit(&((tcc__coll_scratch_t *)s)->held_any, memory_order_relaxed);
+}
+
+void tcc__coll_idle(tcc_comm_t *comm) {
+  if (comm->ops && comm->ops->streams && comm->coll_scratch && !atomic_load(&comm->aborted))
+    tcc__stream_frames_send_held(comm, 0);
 }
 
 void tcc__coll_settle(tcc_comm_t *comm, int64_t grace_ms) {

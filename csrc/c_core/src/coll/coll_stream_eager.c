@@ -28,7 +28,11 @@
  * are read when their receiver next reads from that peer, and checked
  * against its own descriptor then (stream_frames.c). A disagreement fails
  * the communicator: the ranks went on, and frames of the op may be left
- * where another op reads.
+ * where another op reads. The frames nobody waits for (a receiver's, and
+ * a gather's or reduce's senders' to each other) are not even sent at
+ * once: held back, they go in one send later, or as soon as their rank
+ * waits for anything (stream_frames_t's hold), so a receiver whose data
+ * is there makes no send at all.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -148,7 +152,11 @@ static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_
   if (!tcc__stream_frame_plan_alloc(p, n, frames, ins, own ? bytes : 0)) return false;
   /* One-sided: a receiver listens to its senders only; a sender to none. */
   p->one_sided = tcc__stream_one_sided(x->comm, c);
-  for (int j = 0; j < n; j++) p->listen[j] = p->one_sided && j != me && !sends_only(c, me) && sends_only(c, j);
+  /* Held back: the frames whose peer does not listen to this rank. */
+  for (int j = 0; j < n; j++) {
+    p->listen[j] = p->one_sided && j != me && !sends_only(c, me) && sends_only(c, j);
+    p->hold[j] = p->one_sided && j != me && !(sends_only(c, me) && !sends_only(c, j));
+  }
   uint8_t *frame = p->frames, *in = p->ins, *last = NULL;
   prev = NULL;
   for (int j = 0; j < n; j++) {

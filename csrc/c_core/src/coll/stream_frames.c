@@ -66,7 +66,7 @@ bool tcc__stream_frame_plan_alloc(stream_frame_plan_t *p, int n, size_t frame_by
   frame_bytes = tcc__stream_round64(frame_bytes);
   in_bytes = tcc__stream_round64(in_bytes);
   extra_bytes = tcc__stream_round64(extra_bytes);
-  const size_t tables = (size_t)n * (2 * sizeof(uint8_t *) + 2 * sizeof(size_t) + sizeof(void *) + sizeof(bool));
+  const size_t tables = (size_t)n * (2 * sizeof(uint8_t *) + 2 * sizeof(size_t) + sizeof(void *) + 2 * sizeof(bool));
   uint8_t *mem = aligned_alloc(64, frame_bytes + in_bytes + extra_bytes + tcc__stream_round64(tables));
   if (!mem) return false;
   p->mem = mem;
@@ -79,14 +79,118 @@ bool tcc__stream_frame_plan_alloc(stream_frame_plan_t *p, int n, size_t frame_by
   p->in_len = p->out_len + n;
   p->srcs = (const void **)(p->in_len + n);
   p->listen = (bool *)(p->srcs + n);
+  p->hold = p->listen + n;
   p->one_sided = false;
   for (int j = 0; j < n; j++) {
     p->out[j] = p->in[j] = NULL;
     p->out_len[j] = p->in_len[j] = 0;
     p->srcs[j] = NULL;
-    p->listen[j] = false;
+    p->listen[j] = p->hold[j] = false;
   }
   return true;
+}
+
+/* ---- frames held back --------------------------------------------------- */
+
+/* A held frame is a descriptor frame with no tail and no payload. */
+#define HELD_FRAME_BYTES sizeof(stream_frame_head_t)
+
+bool tcc__stream_held_alloc(tcc__coll_scratch_t *sc, int n) {
+  sc->held_space = TCC_STREAM_HOLD_MAX * HELD_FRAME_BYTES;
+  sc->held = malloc((size_t)n * sc->held_space);
+  sc->held_bytes = calloc((size_t)n, sizeof *sc->held_bytes);
+  return sc->held && sc->held_bytes;
+}
+
+static uint8_t *held_of(const tcc__coll_scratch_t *sc, int peer) { return sc->held + (size_t)peer * sc->held_space; }
+
+static void note_held(tcc_comm_t *comm, tcc__coll_scratch_t *sc) {
+  bool any = false;
+  for (int j = 0; j < comm->size && !any; j++) any = sc->held_bytes[j] > 0;
+  atomic_store_explicit(&sc->held_any, any, memory_order_relaxed);
+}
+
+/* This op's frame to peer (its link just set up): held back where f says
+ * it may be and there is room; else the frames held for peer go first. */
+static void hold_or_release(stream_xfer_t *x, tcc__coll_scratch_t *sc, const stream_frames_t *f, int peer) {
+  stream_link_t *l = &x->links[peer];
+  if (!sc->held) return;
+  size_t *held = &sc->held_bytes[peer];
+  if (f->hold && f->hold[peer] && l->out_raw == HELD_FRAME_BYTES && *held + HELD_FRAME_BYTES <= sc->held_space) {
+    memcpy(held_of(sc, peer) + *held, l->out_ptr, HELD_FRAME_BYTES);
+    *held += HELD_FRAME_BYTES;
+    sc->held_frames++;
+    l->out_raw = 0;
+    return;
+  }
+  l->out_pre = held_of(sc, peer);
+  l->pre_len = *held;
+}
+
+/* stream_xfer_t.before_wait: a rank that waits holds nothing back. */
+static void release_before_wait(stream_xfer_t *x) {
+  tcc__coll_scratch_t *sc = coll_scratch_of(x->comm);
+  for (int j = 0; j < x->comm->size; j++) {
+    stream_link_t *l = &x->links[j];
+    if (j == x->comm->rank || l->pre_len || !sc->held_bytes[j]) continue;
+    l->out_pre = held_of(sc, j);
+    l->pre_len = sc->held_bytes[j];
+    l->pre_done = 0;
+  }
+}
+
+/* What went out of the held frames in the transfer is no longer held
+ * (and the links no longer send it). */
+static void held_sent(stream_xfer_t *x, tcc__coll_scratch_t *sc) {
+  if (!sc->held) return;
+  for (int j = 0; j < x->comm->size; j++) {
+    stream_link_t *l = &x->links[j];
+    if (j == x->comm->rank || !l->pre_len) continue;
+    const size_t left = sc->held_bytes[j] - l->pre_done;
+    memmove(held_of(sc, j), held_of(sc, j) + l->pre_done, left);
+    sc->held_bytes[j] = left;
+    l->out_pre = NULL;
+    l->pre_len = l->pre_done = 0;
+  }
+  note_held(x->comm, sc);
+}
+
+/* Before this rank fails its communicator for a disagreement (which ends
+ * its connections): what it held goes out first, so that its peers find
+ * the disagreement themselves, not only the connection's end. */
+static void send_held_before_failing(stream_xfer_t *x) {
+  tcc__coll_scratch_t *sc = coll_scratch_of(x->comm);
+  if (!sc->held) return;
+  held_sent(x, sc);
+  tcc__stream_frames_send_held(x->comm, 0);
+}
+
+bool tcc__stream_frames_send_held(tcc_comm_t *comm, int64_t deadline) {
+  tcc__coll_scratch_t *sc = coll_scratch_of(comm);
+  if (!sc || !sc->held) return true;
+  const tcc__stream_ops_t *io = comm->ops->streams;
+  bool all = true;
+  for (int j = 0; j < comm->size; j++) {
+    size_t done = 0, len = sc->held_bytes[j];
+    while (done < len) {
+      const ssize_t k = io->send(comm, j, held_of(sc, j) + done, len - done);
+      if (k > 0) {
+        done += (size_t)k;
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      const int64_t now = tcc__now_ns();
+      if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || now >= deadline) break;
+      const int64_t left_ms = (deadline - now) / 1000000 + 1;
+      short events = POLLOUT, revents = 0;
+      if (io->poll(comm, 1, &j, &events, &revents, left_ms < 100 ? (int)left_ms : 100) < 0 && errno != EINTR) break;
+    }
+    memmove(held_of(sc, j), held_of(sc, j) + done, len - done);
+    sc->held_bytes[j] = len - done;
+    all &= done == len;
+  }
+  note_held(comm, sc);
+  return all;
 }
 
 static stream_frame_head_t *head_of(const frames_in_t *in, int peer) {
@@ -146,6 +250,7 @@ static tcc_result_t check_earlier(stream_xfer_t *x, const frames_in_t *in, int p
   snprintf(why, sizeof why, "%s", err->msg);
   tcc__err_reset(err);
   tcc__stream_xfer_prefix(x, pre, sizeof(pre));
+  send_held_before_failing(x);
   return tcc__coll_out_of_step(x->comm, err,
                                "%s: rank %d's frame of %s #%llu, which this rank ran without waiting for it, "
                                "disagrees: %s",
@@ -224,6 +329,8 @@ static bool settle_read(tcc_comm_t *comm, int peer, void *dst, size_t len, int64
 void tcc__stream_frames_settle(tcc_comm_t *comm, int64_t deadline) {
   tcc__coll_scratch_t *sc = coll_scratch_of(comm);
   if (!sc || !sc->unread) return;
+  /* what this rank held back first: its peers' settle reads it */
+  tcc__stream_frames_send_held(comm, deadline);
   const size_t desc_max = tcc__coll_desc_bytes(TCC_COLL_ALLTOALL, comm->size);
   for (int j = 0; j < comm->size; j++) {
     for (; j != comm->rank && sc->unread[j] > 0; sc->unread[j]--) {
@@ -257,6 +364,7 @@ static tcc_result_t check_listened(stream_xfer_t *x, const tcc_coll_t *c, const 
     char why[TCC_ERRLEN];
     snprintf(why, sizeof why, "%s", err->msg);
     tcc__err_reset(err);
+    send_held_before_failing(x);
     return tcc__coll_out_of_step(x->comm, err, "%s", why); /* its senders went on */
   }
   return TCC_OK;
@@ -295,6 +403,7 @@ tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, 
     descs[j] = head_of(&in, j)->desc;
     if (j == me) continue;
     x->links[j] = (stream_link_t){.out_ptr = f->out[j], .out_raw = f->out_len[j]};
+    hold_or_release(x, sc, f, j);
     /* A peer this op does not listen to: its earlier frames are read only
      * when as many as a stream may hold wait (TCC_STREAM_UNREAD_MAX). */
     const uint16_t unread = sc->unread ? sc->unread[j] : 0;
@@ -304,13 +413,17 @@ tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, 
   }
   x->in_next = next_part;
   x->in_next_ctx = &in;
+  x->before_wait = sc->held ? release_before_wait : NULL;
   tcc_result_t r = tcc__stream_xfer_run(x, deadline, err);
   x->in_next = NULL;
   x->in_next_ctx = NULL;
+  x->before_wait = NULL;
+  held_sent(x, sc);
   if (sc->unread)
     for (int j = 0; j < n; j++) sc->unread[j] = (uint16_t)(sc->unread[j] - in.read[j]);
   if (r == TCC_OK) r = f->listen ? check_listened(x, c, &in, err) : tcc__coll_desc_check(x->comm, c, descs, err);
   if (r == TCC_OK && f->listen) record_one_sided(x->comm, f->listen, head_of(&in, me)->desc);
+
   if (r == TCC_OK && send_matrix && c->kind == TCC_COLL_ALLTOALL)
     for (int j = 0; j < n; j++) /* the counts the check read, in whichever form a peer sent */
       for (int k = 0; k < n; k++) send_matrix[(size_t)j * (size_t)n + (size_t)k] = tcc__coll_desc_sends(descs[j], k);

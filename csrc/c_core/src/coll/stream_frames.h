@@ -23,6 +23,10 @@
  * goes on, so its peers' frames never fill a stream's buffer (64
  * descriptor frames take about 3 KB). */
 #define TCC_STREAM_UNREAD_MAX 64
+/* The most frames a rank holds back for one peer (see stream_frames_t's
+ * hold): half of what that peer may leave unread, so a peer that must
+ * read them finds most of them sent. */
+#define TCC_STREAM_HOLD_MAX (TCC_STREAM_UNREAD_MAX / 2)
 
 /* Bytes of this rank's frame for c carrying `payload` bytes. */
 size_t tcc__stream_frame_bytes(const tcc_coll_t *c, int n, size_t payload);
@@ -48,6 +52,17 @@ typedef struct stream_frames {
    * others' frames of the op stay in the streams, read and checked when
    * it next reads from them. */
   const bool *listen;
+  /* NULL, or in a one-sided op: the peers whose frame no one waits for
+   * (this rank only receives, or the peer only sends). Such a frame, a
+   * descriptor with no payload, is held back and sent with this rank's
+   * next frame to that peer, or before this rank first waits for
+   * anything, or once TCC_STREAM_HOLD_MAX are held, or when the
+   * communicator goes idle (tcc__stream_frames_send_held). A receiver
+   * whose data is already there then makes no send at all, and the
+   * frames travel in one send later. A rank that waits has sent every
+   * frame it held, so two ranks that both wait on each other (they
+   * disagree) still find each other at once. */
+  const bool *hold;
 } stream_frames_t;
 
 /* Each frame and payload of a plan starts on a cache line of its own. */
@@ -66,6 +81,7 @@ typedef struct stream_frame_plan {
   uint8_t **in;
   size_t *in_len;
   bool *listen; /* the frames' when one_sided */
+  bool *hold;   /* the frames' when one_sided */
   bool one_sided;
   const void **srcs;
   uint8_t *frames, *ins, *extra;
@@ -77,7 +93,12 @@ bool tcc__stream_frame_plan_alloc(stream_frame_plan_t *p, int n, size_t frame_by
                                   size_t extra_bytes);
 static inline stream_frames_t tcc__stream_frame_plan_frames(const stream_frame_plan_t *p) {
   return (stream_frames_t){
-      .out = p->out, .out_len = p->out_len, .in = p->in, .in_len = p->in_len, .listen = p->one_sided ? p->listen : NULL};
+      .out = p->out,
+      .out_len = p->out_len,
+      .in = p->in,
+      .in_len = p->in_len,
+      .listen = p->one_sided ? p->listen : NULL,
+      .hold = p->one_sided ? p->hold : NULL};
 }
 
 /* Sends and receives every peer's frame at once, then checks every rank's
@@ -95,6 +116,13 @@ tcc_result_t tcc__stream_frames_exchange(stream_xfer_t *x, const tcc_coll_t *c, 
  * so that no stream closes with bytes unread, which TCP answers with a
  * reset that can cost the peer what it has yet to read. */
 void tcc__stream_frames_settle(tcc_comm_t *comm, int64_t deadline);
+
+/* The frames this rank held back (stream_frames_t's hold): their space,
+ * made with the scratch of a communicator whose rooted ops may run
+ * one-sided (false: out of memory), and sending them, until the deadline
+ * (0: as far as the streams take them now). Whether all went. */
+bool tcc__stream_held_alloc(tcc__coll_scratch_t *sc, int n);
+bool tcc__stream_frames_send_held(tcc_comm_t *comm, int64_t deadline);
 
 /* coll_stream_eager.c: whether c goes in one exchange, descriptors and
  * data together (small ops; every rank chooses alike from the descriptor

@@ -128,6 +128,10 @@ static void reducer_step(stream_xfer_t *x) {
 static size_t out_span(const stream_xfer_t *x, int peer, const uint8_t **p) {
   const stream_link_t *l = &x->links[peer];
   const stream_reducer_t *r = &x->red;
+  if (l->pre_done < l->pre_len) {
+    *p = l->out_pre + l->pre_done;
+    return l->pre_len - l->pre_done;
+  }
   size_t pos = l->out_done;
   if (pos < l->out_raw) {
     *p = l->out_ptr + pos;
@@ -166,7 +170,7 @@ static size_t in_span(const stream_xfer_t *x, int peer, uint8_t **p) {
 static bool in_complete(const stream_link_t *l) { return l->in_done == l->in_slot + l->in_raw; }
 
 static bool link_done(const stream_xfer_t *x, const stream_link_t *l) {
-  return l->out_done == l->out_raw + l->out_red && in_complete(l) && (!x->in_next || l->in_closed);
+  return l->pre_done == l->pre_len && l->out_done == l->out_raw + l->out_red && in_complete(l) && (!x->in_next || l->in_closed);
 }
 
 /* ---- stream I/O ------------------------------------------------------- */
@@ -237,7 +241,7 @@ static tcc_result_t pump(stream_xfer_t *x, int peer, short revents, bool *moved,
       if (k < 0 && errno == EINTR) continue;
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       if (k < 0) return send_failed(x, peer, errno, moved, err);
-      l->out_done += (size_t)k;
+      *(l->pre_done < l->pre_len ? &l->pre_done : &l->out_done) += (size_t)k; /* out_span's part */
       *moved = true;
       if ((size_t)k < n) break; /* the stream's buffer is full */
     }
@@ -255,7 +259,7 @@ static void pending_peers(const stream_xfer_t *x, char *buf, size_t len) {
     for (int j = 0; j < x->comm->size; j++) {
       const stream_link_t *l = &x->links[j];
       bool waiting = pass == 0 ? l->in_done < l->in_slot + l->in_raw
-                               : l->out_done < l->out_raw + l->out_red;
+                               : l->pre_done < l->pre_len || l->out_done < l->out_raw + l->out_red;
       if (j == x->comm->rank || !waiting) continue;
       int k = snprintf(buf + used, len - used, "%s%d", used ? ", " : "", tcc__rank_label(x->comm, j));
       if (k < 0 || (size_t)k >= len - used) {
@@ -337,6 +341,13 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
       sc->poll_events[npeers++] = ev;
     }
     if (all_done) return TCC_OK;
+    if (!moved && x->before_wait) {
+      void (*hook)(stream_xfer_t *) = x->before_wait;
+      x->before_wait = NULL;
+      hook(x);
+      moved = true; /* what it gave the links goes out at the next look */
+      continue;
+    }
     if (atomic_load(&comm->aborted)) return fail_aborted(x, err);
     int64_t now = tcc__now_ns();
     if (now >= deadline_ns) return fail_timeout(x, err);

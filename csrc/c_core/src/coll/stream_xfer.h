@@ -15,6 +15,9 @@
  * of the peer's contribution to this rank's chunk, into the reducer's
  * double-buffered slots, then in_raw bytes straight into in_ptr. */
 typedef struct stream_link {
+  /* sent before everything else (held frames of earlier ops, stream_frames.c) */
+  const uint8_t *out_pre;
+  size_t pre_len, pre_done;
   const uint8_t *out_ptr;
   size_t out_raw, out_red, out_done;
   size_t in_slot;
@@ -58,6 +61,10 @@ struct stream_xfer {
   stream_reducer_t red;
   stream_in_next_fn in_next; /* NULL: every link's length is known up front */
   void *in_next_ctx;
+  /* Called once, the first time the transfer finds nothing to move and is
+   * not done, before it waits in any way: it may give links more to send
+   * (out_pre). NULL: none. */
+  void (*before_wait)(stream_xfer_t *x);
 };
 
 /* Moves every link's bytes (and runs the reducer) until all are done, the

@@ -13,6 +13,11 @@
 
 #define COLL_POLL_NS (5 * 1000 * 1000LL)               /* 5 ms */
 #define COLL_POLL_WINDOW_NS (2000 * 1000 * 1000LL) /* 2 s */
+/* Output the algorithms hold back (tcc__coll_holds_output) is sent by the
+ * collective thread once no op was submitted for this long: a peer may
+ * wait for it (it reads what it was owed before it goes on), and the
+ * next op of a program that went quiet may be far off. */
+#define COLL_HELD_IDLE_NS (1000 * 1000LL) /* 1 ms */
 
 static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   if (atomic_load(&comm->aborted)) {
@@ -109,6 +114,21 @@ void tcc__host_release_runner(tcc_engine_t *e) {
   pthread_mutex_unlock(&e->lock);
 }
 
+/* The collective thread, lock held, queue empty or not: sends what the
+ * algorithms held back once the communicator has been quiet for
+ * COLL_HELD_IDLE_NS, with the runner claim (the transport's streams are
+ * the runner's). */
+static void send_held_when_idle(tcc_comm_t *comm, tcc_engine_t *e) {
+  if (e->coll_head || e->runner_busy || e->stopping || !tcc__coll_holds_output(comm) ||
+      tcc__coarse_now_ns() - e->last_submit_ns < COLL_HELD_IDLE_NS)
+    return;
+  e->runner_busy = 1;
+  pthread_mutex_unlock(&e->lock);
+  tcc__coll_idle(comm);
+  pthread_mutex_lock(&e->lock);
+  e->runner_busy = 0;
+}
+
 void *tcc__host_coll_thread(void *arg) {
   tcc_comm_t *comm = arg;
   tcc_engine_t *e = comm->engine;
@@ -120,6 +140,7 @@ void *tcc__host_coll_thread(void *arg) {
         int64_t until = now + COLL_POLL_NS;
         struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
         pthread_cond_timedwait(&e->coll_cv, &e->lock, &ts);
+        send_held_when_idle(comm, e);
       } else {
         e->coll_deep_sleep = 1;
         pthread_cond_wait(&e->coll_cv, &e->lock);
