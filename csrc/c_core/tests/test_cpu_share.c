@@ -87,12 +87,12 @@ static void test_moves(void) {
   for (int i = 0; i < 100; i++) tcc__cpu_share_after_wait(&crowded, true);
   CHECK(tcc__cpu_moves(NULL, NULL) == 0, "moved in a group with more ranks than CPUs");
   /* One pattern of shared waits moves once; a second, right after, waits
-   * for the interval. The pattern is 16 waits within 10 ms and the
-   * interval 5 ms: a thread preempted in between only needs more waits,
-   * which is what the loops allow, never fewer. */
-  for (int i = 0; i < 15; i++) tcc__cpu_share_after_wait(&s, true);
-  CHECK(tcc__cpu_moves(NULL, NULL) == 0, "moved before 16 shared waits");
-  int waits = 15;
+   * for the interval. The pattern is TCC_SHARED_WAITS_TO_MOVE waits
+   * within 10 ms and the interval 5 ms: a thread preempted in between
+   * only needs more waits, which is what the loops allow, never fewer. */
+  for (int i = 0; i < TCC_SHARED_WAITS_TO_MOVE - 1; i++) tcc__cpu_share_after_wait(&s, true);
+  CHECK(tcc__cpu_moves(NULL, NULL) == 0, "moved before %d shared waits", TCC_SHARED_WAITS_TO_MOVE);
+  int waits = TCC_SHARED_WAITS_TO_MOVE - 1;
   while (tcc__cpu_moves(NULL, NULL) == 0 && waits < 1000) {
     tcc__cpu_share_after_wait(&s, true);
     waits++;
@@ -106,7 +106,7 @@ static void test_moves(void) {
   allowed_cpus(&after);
   CHECK(CPU_EQUAL(&before, &after), "affinity restored exactly (%d CPUs before, %d after)", CPU_COUNT(&before),
         CPU_COUNT(&after));
-  for (int i = 0; i < 16; i++) tcc__cpu_share_after_wait(&s, true);
+  for (int i = 0; i < TCC_SHARED_WAITS_TO_MOVE; i++) tcc__cpu_share_after_wait(&s, true);
   const int64_t since = tcc__now_ns() - moved_at;
   CHECK(tcc__cpu_moves(NULL, NULL) == 1 || since >= 5 * 1000000LL, "a second move %lld us after the first",
         (long long)(since / 1000));
@@ -335,12 +335,58 @@ static void test_bound_ranks(void) {
   group_rank_setup = NULL;
 }
 
+/* Two ranks put on one CPU (as a wake-up from one CPU places them):
+ * only the higher one moves off it. When both did, their moves crossed
+ * and they met again on the other CPU. Rounds of crowding, each followed
+ * by barriers over shared memory; the lower rank must never move, and a
+ * round ends once the ranks run apart or after 2000 barriers. */
+static cpu_set_t crowd_all;
+static int crowd_cpu;
+
+static void crowd_once(tcc_comm_t *comm) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(crowd_cpu, &one);
+  CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "onto CPU %d", crowd_cpu);
+  tcc_op_t *op;
+  CHECK(tcc_barrier(comm, NULL, &op) == TCC_OK && tcc_op_wait(op, -1) == TCC_OK, "barrier on one CPU");
+  tcc_op_release(op);
+  CHECK(sched_setaffinity(0, sizeof crowd_all, &crowd_all) == 0, "affinity restored");
+  for (int i = 0; i < 2000; i++) {
+    CHECK(tcc_barrier(comm, NULL, &op) == TCC_OK && tcc_op_wait(op, -1) == TCC_OK, "barrier %d", i);
+    tcc_op_release(op);
+  }
+}
+
+static void crowded_ranks(tcc_comm_t *comm) {
+  CHECK(comm->cpu_share.may_move, "two ranks on two CPUs or more may move");
+  const int moves_before = tcc__cpu_moves(NULL, NULL);
+  for (int round = 0; round < 8; round++) {
+    crowd_once(comm);
+    struct timespec nap = {0, 6 * 1000 * 1000}; /* past the interval between moves */
+    nanosleep(&nap, NULL);
+  }
+  if (tcc_comm_rank(comm) == 0)
+    CHECK(tcc__cpu_moves(NULL, NULL) == moves_before, "the lower rank moved %d times",
+          tcc__cpu_moves(NULL, NULL) - moves_before);
+}
+
+static void test_crowded_ranks(void) {
+  if (allowed_cpus(&crowd_all) < 2 || getenv("TCCOMM_CPU_MOVE")) {
+    fprintf(stderr, "test_cpu_share: crowded ranks not tested: one CPU, or moving set by TCCOMM_CPU_MOVE\n");
+    return;
+  }
+  while (!CPU_ISSET(crowd_cpu, &crowd_all)) crowd_cpu++;
+  CHECK(run_group(2, "shm", 30000, "crowded", crowded_ranks) == 0, "two ranks crowded onto CPU %d", crowd_cpu);
+}
+
 int main(void) {
   test_view_inherits();
   test_decisions();
   test_cpus_between();
   test_bound_ranks();
   test_moves();
+  test_crowded_ranks();
   test_spin_on_ends();
   test_spin_gate();
   CHECK_DONE();

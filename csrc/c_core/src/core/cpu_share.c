@@ -11,9 +11,6 @@
 #include "core/cpu_share.h"
 #include "core/log.h"
 
-/* Waits that must find the awaited rank on this CPU, within the window,
- * before a move: one unlucky wait is no pattern. */
-#define SHARED_WAITS_TO_MOVE 16
 #define SHARED_WINDOW_NS (10 * 1000000LL)
 /* At most one move per interval: the scheduler gets time to settle. */
 #define MOVE_INTERVAL_NS (5 * 1000000LL)
@@ -121,7 +118,7 @@ void tcc__cpu_share_after_wait(const tcc__cpu_share_t *s, bool shared) {
     mover.shared_waits = 0;
     mover.first_shared_ns = now;
   }
-  if (++mover.shared_waits < SHARED_WAITS_TO_MOVE || now - mover.last_move_ns < MOVE_INTERVAL_NS) return;
+  if (++mover.shared_waits < TCC_SHARED_WAITS_TO_MOVE || now - mover.last_move_ns < MOVE_INTERVAL_NS) return;
   mover.shared_waits = 0;
   mover.last_move_ns = now;
   move_off_this_cpu();

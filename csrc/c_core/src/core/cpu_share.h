@@ -25,7 +25,11 @@
  * rank that keeps finding the peer it waits for on its own CPU moves itself to another of its allowed CPUs
  * (tcc__cpu_share_after_wait): its affinity excludes this CPU for a moment and
  * is then restored exactly, so the scheduler is free to place it again.
- * TCCOMM_CPU_MOVE=0 turns moving off.
+ * Of two ranks that find each other on one CPU only the higher one moves:
+ * when both did, their moves crossed, and they met again on the other CPU
+ * for the 5 ms until the next move (2 ranks, 32 MiB all_reduce: about one
+ * call in 40 took twice its time, the two ranks taking turns on one CPU
+ * while the other idled). TCCOMM_CPU_MOVE=0 turns moving off.
  */
 #ifndef TCC_CORE_CPU_SHARE_H
 #define TCC_CORE_CPU_SHARE_H
@@ -65,8 +69,17 @@ typedef struct tcc__cpu_share {
  * line for the log. Moving needs two CPUs of this thread's own. */
 void tcc__cpu_share_init(tcc__cpu_share_t *s, int local_ranks, int cpus, char *why, size_t why_len);
 
+/* Waits that must find the awaited rank on this CPU, within 10 ms, before
+ * a move: one unlucky wait is no pattern, but many are slow. Two ranks
+ * taking turns on one CPU wait once per phase of an op, and a 32 MiB
+ * all_reduce's phases take about 0.2 ms each: 16 waits let them share the
+ * CPU for 7 ms of a 7 ms call, 4 for under 2 ms (bench/README, "Steadiness
+ * of large all_reduces"). */
+#define TCC_SHARED_WAITS_TO_MOVE 4
+
 /* After a wait of this thread for a rank of a group with these settings:
- * `shared` when the rank was on this thread's CPU. Moves the thread to
+ * `shared` when the rank, a lower one than this thread's, was on this
+ * thread's CPU (a higher one moves itself). Moves the thread to
  * another allowed CPU when that keeps happening (counted per thread,
  * whichever groups it waits in). */
 void tcc__cpu_share_after_wait(const tcc__cpu_share_t *s, bool shared);

@@ -473,7 +473,7 @@ static ssize_t p2p_round(tcc_comm_t *comm, bool *want_write) { return p2p_round_
 typedef struct p2p_idle {
   int rounds;            /* idle rounds since bytes last moved */
   int64_t away_until_ns; /* end of spinning on; 0: not begun */
-  bool shared_cpu;       /* the peer was seen on this CPU */
+  bool shared_cpu;       /* the peer, a lower rank, was seen on this CPU (this rank then moves: cpu_share.h) */
   bool blind;            /* may spin without knowing where the peer runs */
 } p2p_idle_t;
 
@@ -482,7 +482,7 @@ static bool spin_on(tcc_comm_t *comm, p2p_idle_t *idle, int peer) {
   const int cpu = comm->ops->peer_cpu(comm, peer);
   if (cpu < 0) return false;
   if (cpu == tcc__cpu_now()) {
-    idle->shared_cpu = true;
+    idle->shared_cpu |= peer < comm->rank;
     return false;
   }
   const int64_t now = tcc__now_ns();

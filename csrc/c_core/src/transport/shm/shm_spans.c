@@ -48,7 +48,7 @@ typedef struct arrival {
   const char *what;
   uint64_t seq;
   tcc_err_t *err;
-  bool shared_cpu; /* a rank waited for was seen on this CPU */
+  bool shared_cpu; /* a lower rank waited for was seen on this CPU (this rank then moves: cpu_share.h) */
 } arrival_t;
 
 static bool all_arrived(void *arg) {
@@ -67,7 +67,7 @@ static bool missing_rank_here(void *arg) {
     if (reached(a->st, k, a->stage)) continue;
     const int cpu = atomic_load_explicit(&c->cpu, memory_order_relaxed);
     if (cpu < 0 || cpu == here) {
-      a->shared_cpu = true;
+      a->shared_cpu |= cpu == here && k < a->comm->rank;
       return true;
     }
   }
