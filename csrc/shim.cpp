@@ -12,6 +12,7 @@
 
 #include "backend.cpp"
 #include "core_error.cpp"
+#include "direct_ops.cpp"
 #include "flight_recorder.cpp"
 #include "functional.cpp"
 #include "ops.cpp"

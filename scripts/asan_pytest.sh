@@ -41,8 +41,8 @@ if [ $# -eq 0 ]; then
   # flight recorder (failure, signal and on-demand dumps).
   set -- "$ROOT/tests/test_collectives.py" "$ROOT/tests/test_features.py" \
     "$ROOT/tests/test_bad_input.py" "$ROOT/tests/test_reliability.py" \
-    "$ROOT/tests/test_flight_recorder.py" \
-    -k "((w2-shm-env: or w3-tcp-env: or w2-tcp-env-timeout:) and not (-MIN- or -MAX- or -BAND- or -BOR- or -BXOR- or -PRODUCT- or -PREMUL_SUM- or float64 or float16 or int8 or int16 or int32 or uint8 or bool)) or test_flight_recorder"
+    "$ROOT/tests/test_flight_recorder.py" "$ROOT/tests/test_torchcomm_api.py" \
+    -k "((w2-shm-env: or w3-tcp-env: or w2-tcp-env-timeout:) and not (-MIN- or -MAX- or -BAND- or -BOR- or -BXOR- or -PRODUCT- or -PREMUL_SUM- or float64 or float16 or int8 or int16 or int32 or uint8 or bool)) or test_flight_recorder or (torchcomm-w2: and direct_path) or test_direct_entry_points"
 fi
 
 start=$(date +%s)

@@ -8,6 +8,7 @@ other rank (inputs(r) below), never with the API under test.
 """
 
 import datetime
+import time
 import warnings
 
 import torch
@@ -343,6 +344,96 @@ def timeout_makes_comm_unusable(comm, rank, size):
             raise AssertionError("recv without a send did not time out")
     comm.barrier(async_op=False)
     p2p.finalize()
+    comm.barrier(async_op=False)
+
+
+@case
+def direct_path_serves_sync_ops(comm, rank, size):
+    """Synchronous collectives with the default hints and timeout take the
+    direct path (csrc/direct_ops.cpp); the rest the binding. The results of
+    both are checked by the cases above (run_both); here: which path ran, the
+    same errors on both, and the error policy for an op that fails once issued."""
+    calls = torch.ops.tccomm.direct_calls
+    before = calls()
+    t = inputs(rank)
+    comm.all_reduce(t, tc.ReduceOp.SUM, async_op=False)
+    check(t, torch.stack([inputs(r) for r in range(size)]).sum(0), "direct all_reduce")
+    t = inputs(rank)
+    comm.reduce(t, 0, tc.ReduceOp.MIN, async_op=False)
+    if rank == 0:
+        check(t, torch.stack([inputs(r) for r in range(size)]).amin(0), "direct reduce")
+    t = inputs(rank)
+    comm.broadcast(t, size - 1, async_op=False)
+    check(t, inputs(size - 1), "direct broadcast")
+    out = torch.empty(6 * size)
+    comm.all_gather_single(out, inputs(rank), async_op=False)
+    check(out, torch.cat([inputs(r) for r in range(size)]), "direct all_gather_single")
+    out = torch.empty(6)
+    comm.reduce_scatter_single(out, torch.cat([inputs(rank * size + j) for j in range(size)]), tc.ReduceOp.MAX,
+                               async_op=False)
+    check(out, torch.stack([inputs(r * size + rank) for r in range(size)]).amax(0), "direct reduce_scatter_single")
+    out = torch.empty(2 * size)
+    comm.all_to_all_single(out, torch.cat([inputs(rank * size + j, 2) for j in range(size)]), async_op=False)
+    check(out, torch.cat([inputs(r * size + rank, 2) for r in range(size)]), "direct all_to_all_single")
+    comm.barrier(async_op=False)
+    assert calls() - before == 7, f"{calls() - before} of 7 synchronous ops took the direct path"
+    before = calls()
+    comm.all_reduce(torch.ones(2), tc.ReduceOp.SUM, async_op=True).wait()
+    comm.all_reduce(torch.ones(2), tc.ReduceOp.PREMUL_SUM(2.0), async_op=False)
+    comm.all_reduce(torch.ones(2), dist.ReduceOp.SUM, async_op=False)  # a c10d op: the binding converts it
+    comm.broadcast(torch.ones(2), 0, async_op=False, timeout=30)
+    comm.barrier(async_op=False, hints={"torchcomm::ncclx::high_priority_stream": "true"})
+    assert calls() == before, f"{calls() - before} ops with options of their own took the direct path"
+
+    # Bad input: the same exception, word for word, on both paths; nothing changes.
+    for what, call in [
+        ("all_gather_single output too small", lambda a: comm.all_gather_single(torch.empty(1), torch.ones(2),
+                                                                                async_op=a)),
+        ("broadcast root out of range", lambda a: comm.broadcast(torch.ones(2), size, async_op=a)),
+        ("reduce root negative", lambda a: comm.reduce(torch.ones(2), -1, tc.ReduceOp.SUM, async_op=a)),
+        ("BAND on floats", lambda a: comm.all_reduce(torch.ones(2), tc.ReduceOp.BAND, async_op=a)),
+        ("reduce_scatter_single sizes", lambda a: comm.reduce_scatter_single(torch.empty(2), torch.ones(2 * size + 1),
+                                                                             tc.ReduceOp.SUM, async_op=a)),
+        ("all_to_all_single sizes", lambda a: comm.all_to_all_single(torch.empty(size), torch.ones(size + 1),
+                                                                     async_op=a)),
+        ("a list for a tensor", lambda a: comm.all_reduce([torch.ones(2)], tc.ReduceOp.SUM, async_op=a)),
+    ]:
+        seen = []
+        for async_op in (False, True):
+            try:
+                call(async_op)
+            except Exception as e:  # noqa: BLE001  (compared below)
+                seen.append((type(e).__name__, str(e)))
+            else:
+                raise AssertionError(f"{what}: no error (async_op={async_op})")
+        assert seen[0] == seen[1] or (what == "a list for a tensor" and seen[0][0] == seen[1][0] == "TypeError"), \
+            f"{what}: direct path {seen[0]} against binding {seen[1]}"
+    t = torch.ones(3)
+    comm.all_reduce(t, tc.ReduceOp.SUM, async_op=False)
+    check(t, torch.full((3,), float(size)), "all_reduce after bad input")
+
+    if size < 2:
+        return
+    # Issued, then failed: rank 0 waits in an all_reduce the others never
+    # join (they finalize instead); the error policy makes the communicator unusable.
+    sub = comm.split(list(range(size)))
+    sub.barrier(async_op=False)
+    if rank == 0:
+        try:
+            sub.all_reduce(torch.ones(2), tc.ReduceOp.SUM, async_op=False)
+        except dist.DistBackendError as e:
+            assert f"all_reduce on communicator '{sub.get_name()}'" in str(e) and "destroyed its" in str(e), e
+        else:
+            raise AssertionError("all_reduce whose peers left did not fail")
+        try:
+            sub.barrier(async_op=False)
+        except dist.DistBackendError as e:
+            assert "unusable after all_reduce" in str(e), e
+        else:
+            raise AssertionError("the communicator stayed usable after a failed op")
+    else:
+        time.sleep(0.5)  # rank 0 is waiting in its all_reduce by now
+    sub.finalize()
     comm.barrier(async_op=False)
 
 

@@ -192,6 +192,57 @@ def test_reduce_ops():
         tc.ReduceOp.PREMUL_SUM("2")
 
 
+def test_direct_entry_points_refuse_garbage(monkeypatch, tmp_path):
+    """The extension's direct_* functions (the TorchComm API's synchronous
+    path) with every kind of wrong argument: a clear error, never a crash;
+    then the communicator still works, and after finalize a raw entry point
+    is refused instead of running."""
+    from torchcomm_backend import _extension
+
+    native = _extension.load_extension()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    comm = tc.new_comm("tccomm", torch.device("cpu"), store=dist.FileStore(str(tmp_path / "store"), 1),
+                       abort_process_on_timeout_or_error=False)
+    h, t = comm._direct, torch.ones(2)
+    assert isinstance(h, int) and h > 0
+    for call, exc, needle in [
+        (lambda: native.direct_all_reduce(0, t, 0), ValueError, "not a communicator handle"),
+        (lambda: native.direct_all_reduce(-7, t, 0), ValueError, "not a communicator handle"),
+        (lambda: native.direct_all_reduce(h + 10**6, t, 0), ValueError, "not a communicator handle"),
+        (lambda: native.direct_all_reduce(2**80, t, 0), TypeError, "handle must be an int"),
+        (lambda: native.direct_all_reduce("1", t, 0), TypeError, "handle must be an int"),
+        (lambda: native.direct_all_reduce(h, "tensor", 0), TypeError, "must be a tensor, got str"),
+        (lambda: native.direct_all_reduce(h, None, 0), TypeError, "must be a tensor, got NoneType"),
+        (lambda: native.direct_all_reduce(h, t, 8), ValueError, "reduce op code 8"),
+        (lambda: native.direct_all_reduce(h, t, -1), ValueError, "reduce op code -1"),
+        (lambda: native.direct_all_reduce(h, t, "SUM"), TypeError, "reduce op must be an int"),
+        (lambda: native.direct_all_reduce(h, t), TypeError, "takes 3 arguments, got 2"),
+        (lambda: native.direct_barrier(), TypeError, "takes 1 arguments, got 0"),
+        (lambda: native.direct_broadcast(h, t, 1.5), TypeError, "root must be an int"),
+        (lambda: native.direct_broadcast(h, t, 3), RuntimeError, "root rank 3 is out of range"),
+        (lambda: native.direct_all_gather_single(h, t, [t]), TypeError, "the input must be a tensor, got list"),
+        (lambda: native.direct_all_to_all_single(h, torch.ones(3), torch.ones(2)), RuntimeError, "sends 2 elements to itself but expects 3"),
+    ]:
+        with pytest.raises(exc, match=needle):
+            call()
+    assert native.direct_all_reduce(h, t, 0) is None  # one rank: the sum is the input
+    assert torch.equal(t, torch.ones(2))
+    comm.all_reduce(t, tc.ReduceOp.MAX, async_op=False)
+    comm.finalize()
+    with pytest.raises(dist.DistBackendError, match="allreduce: the process group has been shut down"):
+        native.direct_all_reduce(h, t, 0)
+
+    # TCCOMM_TORCHCOMM_FASTPATH=0: no handle, every op through the binding.
+    monkeypatch.setenv("TCCOMM_TORCHCOMM_FASTPATH", "0")
+    comm = tc.new_comm("tccomm", torch.device("cpu"), store=dist.FileStore(str(tmp_path / "store2"), 1))
+    before = torch.ops.tccomm.direct_calls()
+    comm.all_reduce(t, tc.ReduceOp.SUM, async_op=False)
+    comm.barrier(async_op=False)
+    assert comm._direct == 0 and torch.ops.tccomm.direct_calls() == before
+    comm.finalize()
+
+
 # ---- CUDA ------------------------------------------------------------------------
 
 

@@ -11,6 +11,13 @@ method validates its arguments, calls the backend with the per-op timeout,
 and applies the error policy: a failed or timed-out op aborts the process
 (abort_process_on_timeout_or_error) or makes the communicator unusable.
 Arguments the backend rejects before sending anything raise and change nothing.
+
+A synchronous collective of a CPU communicator with the default hints and
+timeout takes the direct path (_sync): the extension's direct_* functions
+(csrc/direct_ops.cpp) issue it and wait for it in one call, without torch's
+binding of Backend and Work; everything else goes through that binding
+(_issue), as every op does with TCCOMM_TORCHCOMM_FASTPATH=0 in the
+environment when the communicator is created. Both run the same backend code.
 """
 
 import os
@@ -21,7 +28,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from torchcomm_backend import _options
-from torchcomm_backend._extension import build_info
+from torchcomm_backend._extension import build_info, load_extension
 from torchcomm_backend._policy import CommPolicy, TorchWork  # noqa: F401  (TorchWork re-exported)
 from torchcomm_backend._window import TorchCommWindow
 from torchcomm_backend._options import ReduceOp, to_c10d_op  # noqa: F401  (ReduceOp re-exported)
@@ -30,6 +37,12 @@ BACKEND_NAME = "tccomm"
 
 _env_stores = {}  # (addr, port) -> TCPStore, one per process
 _unnamed = [0]    # communicators created without a name, in this process
+_native = None    # the extension, torchcomm_backend._C, once a communicator exists
+
+# The direct path's reduce op codes: c10d's RedOpType values (PREMUL_SUM,
+# which carries a factor, takes the binding).
+_REDUCE_CODES = {name: int(getattr(dist.ReduceOp.RedOpType, name))
+                 for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")}
 
 
 def new_comm(backend, device, *, store=None, timeout=None, name=None, hints=None,
@@ -138,6 +151,12 @@ class TorchComm:
         self._lock = threading.Lock()  # per-op timeouts of send/recv
         self._opts_cache = {}  # see _opts
         self._finished = TorchWork(self._policy, None, None)
+        global _native
+        _native = load_extension()
+        # The handle of the direct path (_sync); CUDA ops keep the binding,
+        # and so does everything with TCCOMM_TORCHCOMM_FASTPATH=0.
+        direct = device.type == "cpu" and os.environ.get("TCCOMM_TORCHCOMM_FASTPATH", "1") != "0"
+        self._direct = torch.ops.tccomm.direct_handle(pg.boxed()) if direct else 0
         return self
 
     # ---- management -------------------------------------------------------
@@ -220,14 +239,23 @@ class TorchComm:
     # ---- collectives ----------------------------------------------------------
 
     def broadcast(self, tensor, root, async_op=False, hints=None, timeout=None):
+        if (not async_op and hints is None and timeout is None and self._direct and self._policy.usable
+                and root.__class__ is int):
+            return self._sync("broadcast", _native.direct_broadcast, tensor, root)
         opts = self._opts("broadcast", c10d.BroadcastOptions, hints, timeout, root=root)
         return self._issue("broadcast", async_op, self._backend.broadcast, [tensor], opts)
 
     def all_reduce(self, tensor, op, async_op=False, hints=None, timeout=None):
+        if (not async_op and hints is None and timeout is None and self._direct and self._policy.usable
+                and op.__class__ is ReduceOp and op.factor is None):
+            return self._sync("all_reduce", _native.direct_all_reduce, tensor, _REDUCE_CODES[op.name])
         opts = self._opts("all_reduce", c10d.AllreduceOptions, hints, timeout, reduce_op=op)
         return self._issue("all_reduce", async_op, self._backend.allreduce, [tensor], opts)
 
     def reduce(self, tensor, root, op, async_op=False, hints=None, timeout=None):
+        if (not async_op and hints is None and timeout is None and self._direct and self._policy.usable
+                and root.__class__ is int and op.__class__ is ReduceOp and op.factor is None):
+            return self._sync("reduce", _native.direct_reduce, tensor, root, _REDUCE_CODES[op.name])
         opts = self._opts("reduce", c10d.ReduceOptions, hints, timeout, reduce_op=op, root=root)
         return self._issue("reduce", async_op, self._backend.reduce, [tensor], opts)
 
@@ -237,6 +265,8 @@ class TorchComm:
         return self._issue("all_gather", async_op, self._backend.allgather, [outs], [tensor], opts)
 
     def all_gather_single(self, output, input, async_op=False, hints=None, timeout=None):  # noqa: A002
+        if not async_op and hints is None and timeout is None and self._direct and self._policy.usable:
+            return self._sync("all_gather_single", _native.direct_all_gather_single, output, input)
         opts = self._opts("all_gather_single", c10d.AllgatherOptions, hints, timeout)
         return self._issue("all_gather_single", async_op,
                            self._backend._allgather_base, output, input, opts)
@@ -249,11 +279,17 @@ class TorchComm:
 
     def reduce_scatter_single(self, output, input, op, async_op=False, hints=None,  # noqa: A002
                               timeout=None):
+        if (not async_op and hints is None and timeout is None and self._direct and self._policy.usable
+                and op.__class__ is ReduceOp and op.factor is None):
+            return self._sync("reduce_scatter_single", _native.direct_reduce_scatter_single, output, input,
+                              _REDUCE_CODES[op.name])
         opts = self._opts("reduce_scatter_single", c10d.ReduceScatterOptions, hints, timeout, reduce_op=op)
         return self._issue("reduce_scatter_single", async_op,
                            self._backend._reduce_scatter_base, output, input, opts)
 
     def all_to_all_single(self, output, input, async_op=False, hints=None, timeout=None):  # noqa: A002
+        if not async_op and hints is None and timeout is None and self._direct and self._policy.usable:
+            return self._sync("all_to_all_single", _native.direct_all_to_all_single, output, input)
         opts = self._opts("all_to_all_single", c10d.AllToAllOptions, hints, timeout)
         return self._issue("all_to_all_single", async_op,
                            self._backend.alltoall_base, output, input, [], [], opts)
@@ -272,6 +308,8 @@ class TorchComm:
         return self._issue("all_to_all", async_op, self._backend.alltoall, outs, ins, opts)
 
     def barrier(self, async_op=False, hints=None, timeout=None):
+        if not async_op and hints is None and timeout is None and self._direct and self._policy.usable:
+            return self._sync("barrier", _native.direct_barrier)
         opts = self._opts("barrier", c10d.BarrierOptions, hints, timeout)
         return self._issue("barrier", async_op, self._backend.barrier, opts)
 
@@ -314,6 +352,20 @@ class TorchComm:
         if key is not None and len(self._opts_cache) < 64:
             self._opts_cache[key] = opts
         return opts
+
+    def _sync(self, op, fn, *args):
+        """A synchronous op on the direct path: fn issues it and waits for it,
+        and returns None when it completed or the exception it failed with
+        once issued (its error policy applies); an error at issue is raised
+        as _issue's is."""
+        try:
+            failure = fn(self._direct, *args)
+        except dist.DistError as err:
+            # The core refused to start it (failed communicator, ...).
+            self._policy.failed(op, err)
+        if failure is not None:
+            self._policy.failed(op, failure)
+        return self._finished  # a synchronous op's result: already complete
 
     def _issue(self, op, async_op, fn, *args):
         try:
