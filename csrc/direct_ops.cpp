@@ -1,5 +1,6 @@
-// direct_ops.cpp - the TorchComm API's synchronous collectives, called from
-// Python through the CPython C API (torchcomm_backend._C.direct_*).
+// direct_ops.cpp - the TorchComm API's synchronous collectives, send and
+// recv, called from Python through the CPython C API
+// (torchcomm_backend._C.direct_*).
 //
 // A synchronous TorchComm op used to go through torch's binding of Backend
 // and Work: the binding's dispatcher converted the arguments, the backend
@@ -29,6 +30,7 @@
 
 #include <atomic>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -99,6 +101,15 @@ int64_t intArg(PyObject* obj, const char* op, const char* what) {
     C10_THROW_ERROR(TypeError, c10::str("tccomm: ", op, ": ", what, " must be an int, got ", Py_TYPE(obj)->tp_name));
   }
   return v;
+}
+
+// A peer's rank: an int of C's range (the backend checks it against the group).
+int peerArg(PyObject* obj, const char* op, const char* what) {
+  const int64_t v = intArg(obj, op, what);
+  TORCH_CHECK_VALUE(
+      v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(), "tccomm: ", op, ": ", what, " ",
+      v, " is not a rank");
+  return static_cast<int>(v);
 }
 
 c10d::ReduceOp reduceOpArg(PyObject* obj, const char* op) {
@@ -222,6 +233,7 @@ PyObject* runSync(const char* op, PyObject* const* args, Py_ssize_t nargs, Py_ss
 // Each returns None, an exception object (the op failed once issued) or NULL.
 
 using tccomm::intArg;
+using tccomm::peerArg;
 using tccomm::reduceOpArg;
 using tccomm::runSync;
 using tccomm::tensorArg;
@@ -242,7 +254,7 @@ extern "C" PyObject* tccomm_direct_reduce(PyObject*, PyObject* const* args, Py_s
   return runSync("reduce", args, nargs, 4, [](TccBackend& b, PyObject* const* a) {
     std::vector<at::Tensor> tensors{tensorArg(a[1], "reduce", "the tensor")};
     c10d::ReduceOptions opts;
-    opts.rootRank = intArg(a[2], "reduce", "root");
+    opts.rootRank = peerArg(a[2], "reduce", "root");
     opts.reduceOp = reduceOpArg(a[3], "reduce");
     return [&b, tensors = std::move(tensors), opts]() mutable { return b.reduce(tensors, opts); };
   });
@@ -253,7 +265,7 @@ extern "C" PyObject* tccomm_direct_broadcast(PyObject*, PyObject* const* args, P
   return runSync("broadcast", args, nargs, 3, [](TccBackend& b, PyObject* const* a) {
     std::vector<at::Tensor> tensors{tensorArg(a[1], "broadcast", "the tensor")};
     c10d::BroadcastOptions opts;
-    opts.rootRank = intArg(a[2], "broadcast", "root");
+    opts.rootRank = peerArg(a[2], "broadcast", "root");
     return [&b, tensors = std::move(tensors), opts]() mutable { return b.broadcast(tensors, opts); };
   });
 }
@@ -287,6 +299,24 @@ extern "C" PyObject* tccomm_direct_all_to_all_single(PyObject*, PyObject* const*
       std::vector<int64_t> outSplits, inSplits;
       return b.alltoall_base(out, in, outSplits, inSplits, c10d::AllToAllOptions());
     };
+  });
+}
+
+// direct_send(handle, tensor, dst), tag 0
+extern "C" PyObject* tccomm_direct_send(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return runSync("send", args, nargs, 3, [](TccBackend& b, PyObject* const* a) {
+    std::vector<at::Tensor> tensors{tensorArg(a[1], "send", "the tensor")};
+    const int dst = peerArg(a[2], "send", "dst");
+    return [&b, tensors = std::move(tensors), dst]() mutable { return b.send(tensors, dst, 0); };
+  });
+}
+
+// direct_recv(handle, tensor, src), tag 0
+extern "C" PyObject* tccomm_direct_recv(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return runSync("recv", args, nargs, 3, [](TccBackend& b, PyObject* const* a) {
+    std::vector<at::Tensor> tensors{tensorArg(a[1], "recv", "the tensor")};
+    const int src = peerArg(a[2], "recv", "src");
+    return [&b, tensors = std::move(tensors), src]() mutable { return b.recv(tensors, src, 0); };
   });
 }
 

@@ -13,7 +13,8 @@
 
 /* direct_ops.cpp */
 #define DIRECT_OPS(X) \
-  X(all_reduce) X(reduce) X(broadcast) X(all_gather_single) X(reduce_scatter_single) X(all_to_all_single) X(barrier)
+  X(all_reduce) X(reduce) X(broadcast) X(all_gather_single) X(reduce_scatter_single) X(all_to_all_single) X(barrier) \
+      X(send) X(recv)
 #define DECLARE(name) PyObject *tccomm_direct_##name(PyObject *, PyObject *const *, Py_ssize_t);
 DIRECT_OPS(DECLARE)
 

@@ -377,6 +377,17 @@ def direct_path_serves_sync_ops(comm, rank, size):
     check(out, torch.cat([inputs(r * size + rank, 2) for r in range(size)]), "direct all_to_all_single")
     comm.barrier(async_op=False)
     assert calls() - before == 7, f"{calls() - before} of 7 synchronous ops took the direct path"
+    if rank < 2 and size >= 2:  # send and recv between ranks 0 and 1
+        before = calls()
+        got = torch.empty(6)
+        if rank == 0:
+            comm.send(inputs(0), 1, async_op=False)
+            comm.recv(got, 1, async_op=False)
+        else:
+            comm.recv(got, 0, async_op=False)
+            comm.send(inputs(1), 0, async_op=False)
+        check(got, inputs(1 - rank), "direct recv")
+        assert calls() - before == 2, f"{calls() - before} of send and recv took the direct path"
     before = calls()
     comm.all_reduce(torch.ones(2), tc.ReduceOp.SUM, async_op=True).wait()
     comm.all_reduce(torch.ones(2), tc.ReduceOp.PREMUL_SUM(2.0), async_op=False)
@@ -397,6 +408,8 @@ def direct_path_serves_sync_ops(comm, rank, size):
         ("all_to_all_single sizes", lambda a: comm.all_to_all_single(torch.empty(size), torch.ones(size + 1),
                                                                      async_op=a)),
         ("a list for a tensor", lambda a: comm.all_reduce([torch.ones(2)], tc.ReduceOp.SUM, async_op=a)),
+        ("send to itself", lambda a: comm.send(torch.ones(2), rank, async_op=a)),
+        ("recv from a rank out of range", lambda a: comm.recv(torch.empty(2), size, async_op=a)),
     ]:
         seen = []
         for async_op in (False, True):

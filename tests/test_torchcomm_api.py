@@ -222,6 +222,10 @@ def test_direct_entry_points_refuse_garbage(monkeypatch, tmp_path):
         (lambda: native.direct_broadcast(h, t, 1.5), TypeError, "root must be an int"),
         (lambda: native.direct_broadcast(h, t, 3), RuntimeError, "root rank 3 is out of range"),
         (lambda: native.direct_all_gather_single(h, t, [t]), TypeError, "the input must be a tensor, got list"),
+        (lambda: native.direct_send(h, t, 2**40), ValueError, "dst 1099511627776 is not a rank"),
+        (lambda: native.direct_recv(h, t, -2**40), ValueError, "src -1099511627776 is not a rank"),
+        (lambda: native.direct_send(h, t, 0), RuntimeError, "cannot send to itself"),
+        (lambda: native.direct_recv(h, t, 1), RuntimeError, "source"),
         (lambda: native.direct_all_to_all_single(h, torch.ones(3), torch.ones(2)), RuntimeError, "sends 2 elements to itself but expects 3"),
     ]:
         with pytest.raises(exc, match=needle):

@@ -12,8 +12,8 @@ and applies the error policy: a failed or timed-out op aborts the process
 (abort_process_on_timeout_or_error) or makes the communicator unusable.
 Arguments the backend rejects before sending anything raise and change nothing.
 
-A synchronous collective of a CPU communicator with the default hints and
-timeout takes the direct path (_sync): the extension's direct_* functions
+A synchronous collective, send or recv of a CPU communicator with the
+default hints and timeout takes the direct path (_sync): the extension's direct_* functions
 (csrc/direct_ops.cpp) issue it and wait for it in one call, without torch's
 binding of Backend and Work; everything else goes through that binding
 (_issue), as every op does with TCCOMM_TORCHCOMM_FASTPATH=0 in the
@@ -218,9 +218,17 @@ class TorchComm:
     # ---- point to point -----------------------------------------------------
 
     def send(self, tensor, dst, async_op=False, hints=None, timeout=None):
+        if (not async_op and hints is None and timeout is None and self._direct and self._policy.usable
+                and dst.__class__ is int):
+            with self._lock:  # never inside another thread's timeout change (_p2p)
+                return self._sync("send", _native.direct_send, tensor, dst)
         return self._p2p("send", self._backend.send, tensor, dst, async_op, hints, timeout)
 
     def recv(self, tensor, src, async_op=False, hints=None, timeout=None):
+        if (not async_op and hints is None and timeout is None and self._direct and self._policy.usable
+                and src.__class__ is int):
+            with self._lock:  # never inside another thread's timeout change (_p2p)
+                return self._sync("recv", _native.direct_recv, tensor, src)
         return self._p2p("recv", self._backend.recv, tensor, src, async_op, hints, timeout)
 
     def _p2p(self, op, call, tensor, peer, async_op, hints, timeout):
