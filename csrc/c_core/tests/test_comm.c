@@ -775,6 +775,96 @@ static void test_callbacks(tcc_comm_t *comm) {
   free(ops);
 }
 
+/* More collectives in flight than the queue's ring holds (64): the rest
+ * wait on its overflow list, and the ring takes ops again once the list
+ * is empty. The waiter of op 120 runs the queue up to it (through the
+ * list); ops after it run on the collective thread, which the waiter's
+ * release wakes for them (op 199 is only polled); then each op's result. */
+#define IN_FLIGHT 200
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void test_many_in_flight(tcc_comm_t *comm) {
+  const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
+  static int in[IN_FLIGHT], out[IN_FLIGHT];
+  tcc_op_t *ops[IN_FLIGHT];
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < IN_FLIGHT; i++) {
+      in[i] = me * 1000 + i + round;
+      out[i] = -1;
+      CHECK(tcc_allreduce(comm, host_buf(&in[i], 1, TCC_INT32), host_buf(&out[i], 1, TCC_INT32), TCC_SUM, NULL,
+                          &ops[i]) == TCC_OK, "issue %d of %d in flight", i, IN_FLIGHT);
+    }
+    CHECK(tcc_op_wait(ops[120], -1) == TCC_OK, "op 120 of %d in flight: %s", IN_FLIGHT, tcc_op_error(ops[120]));
+    const int64_t give_up = now_ms() + 30000;
+    while (!tcc_op_test(ops[IN_FLIGHT - 1]) && now_ms() < give_up) usleep(100);
+    CHECK(tcc_op_test(ops[IN_FLIGHT - 1]), "the last op in flight never ran on the collective thread");
+    for (int i = IN_FLIGHT - 1; i >= 0; i--) {
+      CHECK(tcc_op_wait(ops[i], -1) == TCC_OK, "op %d in flight: %s", i, tcc_op_error(ops[i]));
+      const int want = 1000 * n * (n - 1) / 2 + n * (i + round);
+      CHECK(out[i] == want, "op %d in flight gave %d, expected %d", i, out[i], want);
+      tcc_op_release(ops[i]);
+    }
+  }
+}
+
+/* Two threads of every rank take turns issuing collectives (the same
+ * order on every rank) and each waits for its own at once, so one thread
+ * claims the queue while the other runs it, or submits into it. */
+#define TURN_OPS 300
+typedef struct turn_state {
+  tcc_comm_t *comm;
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  int turn; /* index of the next op to issue */
+  int bad;  /* ops whose result was wrong */
+} turn_state_t;
+typedef struct turn_arg {
+  turn_state_t *st;
+  int thread;
+} turn_arg_t;
+
+static void *turn_thread(void *p) {
+  turn_arg_t *a = p;
+  turn_state_t *st = a->st;
+  const int n = tcc_comm_size(st->comm), me = tcc_comm_rank(st->comm);
+  for (int i = a->thread; i < TURN_OPS; i += 2) {
+    int in = me + i, out = -1;
+    tcc_op_t *op;
+    pthread_mutex_lock(&st->lock);
+    while (st->turn != i) pthread_cond_wait(&st->cv, &st->lock);
+    tcc_result_t r = tcc_allreduce(st->comm, host_buf(&in, 1, TCC_INT32), host_buf(&out, 1, TCC_INT32), TCC_SUM,
+                                   NULL, &op);
+    st->turn++;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->lock);
+    if (r == TCC_OK) r = wait_op(r, op, NULL, 0);
+    if (r != TCC_OK || out != n * (n - 1) / 2 + n * i) {
+      fprintf(stderr, "rank %d thread %d op %d: %s, got %d\n", me, a->thread, i, tcc_result_string(r), out);
+      pthread_mutex_lock(&st->lock);
+      st->bad++;
+      pthread_mutex_unlock(&st->lock);
+    }
+  }
+  return NULL;
+}
+
+static void test_threads_take_turns(tcc_comm_t *comm) {
+  turn_state_t st = {.comm = comm, .turn = 0, .bad = 0};
+  pthread_mutex_init(&st.lock, NULL);
+  pthread_cond_init(&st.cv, NULL);
+  pthread_t th[2];
+  turn_arg_t args[2] = {{&st, 0}, {&st, 1}};
+  for (int t = 0; t < 2; t++) CHECK(pthread_create(&th[t], NULL, turn_thread, &args[t]) == 0, "thread");
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  CHECK(st.bad == 0, "%d of %d collectives issued by two threads in turn went wrong", st.bad, TURN_OPS);
+  pthread_mutex_destroy(&st.lock);
+  pthread_cond_destroy(&st.cv);
+}
+
 static void all_tests(tcc_comm_t *comm) {
   test_unwaited_p2p(comm); /* first: the p2p thread sleeps until a submit wakes it */
   test_unwaited_collective(comm);
@@ -792,6 +882,8 @@ static void all_tests(tcc_comm_t *comm) {
   test_mismatch(comm);
   test_op_started(comm);
   test_callbacks(comm);
+  test_many_in_flight(comm);
+  test_threads_take_turns(comm);
   /* Again while the engine is busy (it polls rather than being woken). */
   test_unwaited_collective(comm);
   test_unwaited_p2p(comm);

@@ -29,7 +29,7 @@ static void describe_memory(int device, char *out, size_t len) {
 
 /* `dev` is the device of the op's first buffer: one op never mixes host
  * and device memory, nor two devices. */
-static tcc_result_t check_buf_on(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b, int dev) {
+static tcc_result_t check_buf_fully(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b, int dev) {
   if ((unsigned)b.dtype >= TCC_DTYPE_COUNT)
     return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer has an invalid dtype (%d)", what,
                   comm->name, role, (int)b.dtype);
@@ -51,6 +51,17 @@ static tcc_result_t check_buf_on(tcc_comm_t *comm, const char *what, const char 
     return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': %s buffer is NULL with %zu elements", what,
                   comm->name, role, b.count);
   return TCC_OK;
+}
+
+/* What passes every check of check_buf_fully for host memory, decided
+ * inline: the common case of every op takes no call for it. */
+static inline bool host_buf_valid(tcc_buf_t b, int dev) {
+  return b.device == -1 && dev == -1 && (unsigned)b.dtype < TCC_DTYPE_COUNT && (b.ptr || b.count == 0);
+}
+
+static inline tcc_result_t check_buf_on(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b,
+                                        int dev) {
+  return host_buf_valid(b, dev) ? TCC_OK : check_buf_fully(comm, what, role, b, dev);
 }
 
 static tcc_result_t check_buf(tcc_comm_t *comm, const char *what, const char *role, tcc_buf_t b) {
@@ -77,7 +88,10 @@ static tcc_result_t check_root(tcc_comm_t *comm, const char *what, int root) {
 }
 
 static tcc_result_t check_redop(tcc_comm_t *comm, const char *what, tcc_dtype_t dt, tcc_redop_t op) {
-  if ((unsigned)op < TCC_REDOP_COUNT && tcc_redop_supported(dt, op) == TCC_OK) return TCC_OK;
+  /* Sum, product, min and max reduce every dtype: no call for them. */
+  const bool any_dtype = (op == TCC_SUM || op == TCC_PRODUCT || op == TCC_MIN || op == TCC_MAX) &&
+                         (unsigned)dt < TCC_DTYPE_COUNT;
+  if (any_dtype || ((unsigned)op < TCC_REDOP_COUNT && tcc_redop_supported(dt, op) == TCC_OK)) return TCC_OK;
   return tcc__fail(TCC_ERR_UNSUPPORTED, "tccomm %s on '%s': reduce op %s is not supported for %s", what,
                 comm->name, tcc_redop_name(op), tcc_dtype_name(dt));
 }

@@ -55,14 +55,57 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   tcc__op_finish(op, r, err.msg);
 }
 
-/* The queue's first op, taken off it; NULL when empty. Caller holds the lock. */
-static tcc_op_t *pop_locked(tcc_engine_t *e) {
-  tcc_op_t *op = e->coll_head;
-  if (op) {
-    e->coll_head = op->next;
-    if (!e->coll_head) e->coll_tail = NULL;
-    op->next = NULL;
+void tcc__host_coll_push_locked(tcc_engine_t *e, tcc_op_t *op) {
+  _Atomic(tcc_op_t *) *slot = &e->coll_ring[op->seq % TCC_COLL_RING];
+  /* The slot is free once the runner took op seq - TCC_COLL_RING from it;
+   * behind an overflow, every op waits on the list (queue order). */
+  if (!e->coll_over_head && !atomic_load_explicit(slot, memory_order_relaxed)) {
+    atomic_store_explicit(slot, op, memory_order_release); /* the op's fields go with it */
+    return;
   }
+  tcc__queue_push(&e->coll_over_head, &e->coll_over_tail, op);
+  atomic_store_explicit(&e->coll_overflowed, true, memory_order_release);
+}
+
+bool tcc__host_coll_queued(tcc_engine_t *e) {
+  const unsigned long long next = atomic_load_explicit(&e->coll_next, memory_order_relaxed);
+  return atomic_load_explicit(&e->coll_ring[next % TCC_COLL_RING], memory_order_relaxed) ||
+         atomic_load_explicit(&e->coll_overflowed, memory_order_relaxed);
+}
+
+/* The op numbered `next` off the overflow list, or off its slot if it was
+ * stored there after the caller looked (the lock makes it visible). */
+static tcc_op_t *take_locked(tcc_engine_t *e, _Atomic(tcc_op_t *) *slot, unsigned long long next) {
+  tcc_op_t *op = atomic_load_explicit(slot, memory_order_relaxed);
+  if (op) {
+    atomic_store_explicit(slot, NULL, memory_order_relaxed);
+    return op;
+  }
+  op = e->coll_over_head;
+  if (!op || op->seq != next) return NULL;
+  e->coll_over_head = op->next;
+  if (!e->coll_over_head) {
+    e->coll_over_tail = NULL;
+    atomic_store_explicit(&e->coll_overflowed, false, memory_order_relaxed);
+  }
+  op->next = NULL;
+  return op;
+}
+
+/* The queue's next op, taken off it; NULL when there is none. Caller holds
+ * the runner claim: it alone takes ops and moves coll_next. */
+static tcc_op_t *take_next(tcc_engine_t *e) {
+  const unsigned long long next = atomic_load_explicit(&e->coll_next, memory_order_relaxed);
+  _Atomic(tcc_op_t *) *slot = &e->coll_ring[next % TCC_COLL_RING];
+  tcc_op_t *op = atomic_load_explicit(slot, memory_order_acquire);
+  if (op) {
+    atomic_store_explicit(slot, NULL, memory_order_relaxed); /* submit refills it only after this */
+  } else if (atomic_load_explicit(&e->coll_overflowed, memory_order_acquire)) {
+    pthread_mutex_lock(&e->lock);
+    op = take_locked(e, slot, next);
+    pthread_mutex_unlock(&e->lock);
+  }
+  if (op) atomic_store_explicit(&e->coll_next, next + 1, memory_order_relaxed);
   return op;
 }
 
@@ -74,9 +117,7 @@ void tcc__host_run_queue(tcc_comm_t *comm, tcc_op_t *until, tcc_op_t *first) {
   for (tcc_op_t *op = first;;) {
     if (!op) {
       if (until && atomic_load(&until->finished)) return;
-      pthread_mutex_lock(&e->lock);
-      op = pop_locked(e);
-      pthread_mutex_unlock(&e->lock);
+      op = take_next(e);
       if (!op) return;
     }
     execute_collective(comm, op);
@@ -85,48 +126,70 @@ void tcc__host_run_queue(tcc_comm_t *comm, tcc_op_t *until, tcc_op_t *first) {
   }
 }
 
+static bool claim(tcc_engine_t *e, int who) {
+  int expected = RUNNER_FREE;
+  return atomic_compare_exchange_strong(&e->runner, &expected, who);
+}
+
 /* A waiter claims the right to run the collective queue; at most one
  * thread holds it, so ops run one at a time in queue order. Refused once
  * destroy has begun: the stopping engine finishes the op then. With the
- * claim it takes the queue's first op in the same critical section (one
- * lock round per op fewer), unless `until` has finished already. */
+ * claim it takes the queue's first op, unless `until` has finished
+ * already. No lock: the claim is one compare-and-swap, and the op comes
+ * off the ring. */
 int tcc__host_claim_runner(tcc_engine_t *e, tcc_op_t *until, tcc_op_t **first) {
   *first = NULL;
-  pthread_mutex_lock(&e->lock);
-  int got = !e->runner_busy && !e->stopping;
-  if (got) {
-    e->runner_busy = e->waiter_runs = 1;
-    if (!atomic_load(&until->finished)) *first = pop_locked(e);
+  if (!claim(e, RUNNER_WAITER)) return 0;
+  /* Both sequentially consistent, as stop's store of the flag and its
+   * look at the claim: either this sees the flag, or stop sees the claim
+   * and waits for it. */
+  if (atomic_load(&e->waiters_refused)) {
+    tcc__host_release_runner(e);
+    return 0;
   }
-  pthread_mutex_unlock(&e->lock);
-  return got;
+  if (!atomic_load(&until->finished)) *first = take_next(e);
+  return 1;
 }
 
-/* Gives the queue back; wakes the collective thread if work is left (a
- * waiter stops running the queue once its own op is done), and a destroy
- * that waits for the waiter to be out of the transport. */
+/* Gives the queue back. A waiter stops running it once its own op is
+ * done: ops left in it go to the collective thread, woken for them, and a
+ * destroy waiting for the waiter to be out of the transport is told. The
+ * plain release store costs no locked instruction; a destroy or a
+ * collective thread that misses it sees it at its next timed look. */
 void tcc__host_release_runner(tcc_engine_t *e) {
-  pthread_mutex_lock(&e->lock);
-  e->runner_busy = 0;
-  if (e->waiter_runs && e->stopping) pthread_cond_broadcast(&e->waiter_cv);
-  e->waiter_runs = 0;
-  if (e->coll_head || e->stopping) pthread_cond_signal(&e->coll_cv);
-  pthread_mutex_unlock(&e->lock);
+  atomic_store_explicit(&e->runner, RUNNER_FREE, memory_order_release);
+  const bool stopping = atomic_load_explicit(&e->waiters_refused, memory_order_relaxed);
+  if (stopping || tcc__host_coll_queued(e)) {
+    pthread_mutex_lock(&e->lock);
+    if (stopping) pthread_cond_broadcast(&e->waiter_cv);
+    pthread_cond_signal(&e->coll_cv);
+    pthread_mutex_unlock(&e->lock);
+  }
 }
 
-/* The collective thread, lock held, queue empty or not: sends what the
+/* The collective thread, lock held, queue empty: sends what the
  * algorithms held back once the communicator has been quiet for
  * COLL_HELD_IDLE_NS, with the runner claim (the transport's streams are
  * the runner's). */
 static void send_held_when_idle(tcc_comm_t *comm, tcc_engine_t *e) {
-  if (e->coll_head || e->runner_busy || e->stopping || !tcc__coll_holds_output(comm) ||
-      tcc__coarse_now_ns() - e->last_submit_ns < COLL_HELD_IDLE_NS)
+  if (tcc__host_coll_queued(e) || e->stopping || !tcc__coll_holds_output(comm) ||
+      tcc__coarse_now_ns() - e->last_submit_ns < COLL_HELD_IDLE_NS || !claim(e, RUNNER_THREAD))
     return;
-  e->runner_busy = 1;
   pthread_mutex_unlock(&e->lock);
   tcc__coll_idle(comm);
+  atomic_store_explicit(&e->runner, RUNNER_FREE, memory_order_release);
   pthread_mutex_lock(&e->lock);
-  e->runner_busy = 0;
+}
+
+/* The collective thread's look at the queue, lock held: 1 when it can run
+ * it, -1 when it may end (stopping, nothing left), else 0. The claim is
+ * read first: once it reads free, the last holder's coll_next is seen, so
+ * an empty queue is really empty (ops are stored under the lock). */
+static int queue_state(tcc_engine_t *e, bool *held) {
+  *held = atomic_load_explicit(&e->runner, memory_order_acquire) != RUNNER_FREE;
+  if (*held) return 0;
+  if (tcc__host_coll_queued(e)) return 1;
+  return e->stopping ? -1 : 0;
 }
 
 void *tcc__host_coll_thread(void *arg) {
@@ -134,25 +197,28 @@ void *tcc__host_coll_thread(void *arg) {
   tcc_engine_t *e = comm->engine;
   pthread_mutex_lock(&e->lock);
   for (;;) {
-    while (!(e->coll_head && !e->runner_busy) && !(e->stopping && !e->coll_head)) {
+    bool held;
+    int state;
+    while ((state = queue_state(e, &held)) == 0) {
       int64_t now = tcc__now_ns();
-      if (now - e->last_submit_ns < COLL_POLL_WINDOW_NS) {
+      /* While another thread runs the queue, look again within the poll:
+       * its release wakes this thread only when it saw ops left. */
+      if (held || now - e->last_submit_ns < COLL_POLL_WINDOW_NS) {
         int64_t until = now + COLL_POLL_NS;
         struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
         pthread_cond_timedwait(&e->coll_cv, &e->lock, &ts);
-        send_held_when_idle(comm, e);
+        if (!held) send_held_when_idle(comm, e);
       } else {
         e->coll_deep_sleep = 1;
         pthread_cond_wait(&e->coll_cv, &e->lock);
         e->coll_deep_sleep = 0;
       }
     }
-    if (!e->coll_head) break; /* stopping, nothing left */
-    e->runner_busy = 1;
-    tcc_op_t *first = pop_locked(e);
+    if (state < 0) break; /* stopping, nothing left */
+    if (!claim(e, RUNNER_THREAD)) continue; /* a waiter was first */
     pthread_mutex_unlock(&e->lock);
-    tcc__host_run_queue(comm, NULL, first);
-    tcc__host_release_runner(e);
+    tcc__host_run_queue(comm, NULL, NULL);
+    atomic_store_explicit(&e->runner, RUNNER_FREE, memory_order_release);
     pthread_mutex_lock(&e->lock);
   }
   pthread_mutex_unlock(&e->lock);

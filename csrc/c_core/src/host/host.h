@@ -13,6 +13,15 @@
  * thread hand-offs per synchronous collective, which dominates small-message
  * latency when ranks outnumber cores.
  *
+ * The queue is a ring of op pointers indexed by sequence number: submit
+ * numbers an op and stores it in its slot under the engine lock (ops of
+ * several threads are numbered in the order they are queued); the runner
+ * takes the slot of the next number without it, and the claim is one
+ * compare-and-swap, so a synchronous collective takes the lock once
+ * (at submit), not three times. More ops in flight than the ring holds go
+ * to an overflow list under the lock, and every op after them too until
+ * the runner has emptied it, so the ring never holds an op out of turn.
+ *
  * For the same reason submitting does not wake the collective thread while
  * the communicator is busy: waking a third thread per op on a machine whose
  * cores are busy spinning in barriers costs more than the op (2 ranks on 2
@@ -56,6 +65,10 @@
  * next to it. */
 #define P2P_EAGER_BYTES (64u << 10)
 
+/* Collectives in flight that the queue's ring holds (more go to its
+ * overflow list). */
+#define TCC_COLL_RING 64
+
 typedef struct unexpected_msg {
   uint64_t tag;
   uint64_t arrival; /* order of arrival over all peers (any-source matching) */
@@ -90,7 +103,14 @@ struct tcc_engine {
   pthread_mutex_t lock;
   pthread_cond_t coll_cv;
   pthread_cond_t p2p_cv;
-  tcc_op_t *coll_head, *coll_tail;
+  /* The collective queue (coll_queue.c): op number n sits in
+   * coll_ring[n % TCC_COLL_RING] (stored under lock, taken by the runner
+   * without it) or, past the ring's room, on the overflow list (under
+   * lock, coll_overflowed set while it is not empty). */
+  _Atomic(tcc_op_t *) coll_ring[TCC_COLL_RING];
+  atomic_ullong coll_next; /* number of the next op to run; written by the runner */
+  tcc_op_t *coll_over_head, *coll_over_tail;
+  atomic_bool coll_overflowed;
   tcc_op_t *p2p_new_head, *p2p_new_tail;
   /* Set under lock with every op put on p2p_new and when stopping begins:
    * a round takes the lock to look at either only when it is set, so a
@@ -103,8 +123,10 @@ struct tcc_engine {
   /* When a caller last ran p2p rounds (tcc__now_ns); 0 after tcc_op_start.
    * The p2p thread leaves pending ops to callers until P2P_POLL_NS after it. */
   _Atomic int64_t p2p_attended_ns;
-  int runner_busy; /* a thread is running the collective queue */
-  int waiter_runs; /* the runner is a thread in tcc_op_wait; stop waits until it is out */
+  atomic_int runner; /* who holds the runner claim: RUNNER_FREE, _THREAD or _WAITER */
+  /* Set when destroy begins: waiters no longer claim the runner, and stop
+   * waits for one that holds it to leave (waiter_cv). */
+  atomic_bool waiters_refused;
   pthread_cond_t waiter_cv;
   /* Held by whoever runs p2p rounds (the p2p thread, or a waiter; see the
    * file comment); the peer state and the posted/any-source queues below
@@ -131,7 +153,11 @@ struct tcc_engine {
 
 typedef struct tcc_engine tcc_engine_t;
 
+enum { RUNNER_FREE, RUNNER_THREAD, RUNNER_WAITER };
+
 /* ---- coll_queue.c ---- */
+/* Queues a numbered collective (caller holds the engine lock). */
+void tcc__host_coll_push_locked(tcc_engine_t *e, tcc_op_t *op);
 /* The collective thread's main loop (arg: the communicator). */
 void *tcc__host_coll_thread(void *arg);
 /* A waiter claims the right to run the collective queue (see the file
@@ -142,7 +168,11 @@ int tcc__host_claim_runner(tcc_engine_t *e, tcc_op_t *until, tcc_op_t **first);
 /* Runs `first` (or NULL), then queued collectives in order until the queue
  * is empty or `until` finished; the caller holds the runner claim. */
 void tcc__host_run_queue(tcc_comm_t *comm, tcc_op_t *until, tcc_op_t *first);
+/* Gives the claim back (a waiter's: see coll_queue.c). */
 void tcc__host_release_runner(tcc_engine_t *e);
+/* Whether a collective waits in the queue (exact for the claim's holder,
+ * a hint for anyone else). */
+bool tcc__host_coll_queued(tcc_engine_t *e);
 
 /* ---- p2p_match.c ---- */
 /* The point-to-point thread's main loop (arg: the communicator). */

@@ -28,7 +28,8 @@ static tcc_result_t host_attach(tcc_comm_t *comm, tcc_err_t *err) {
   pthread_mutex_init(&e->p2p_progress, NULL);
   tcc__cond_init_monotonic(&e->coll_cv); /* timed waits on the tcc__now_ns clock */
   tcc__cond_init_monotonic(&e->p2p_cv);
-  pthread_cond_init(&e->waiter_cv, NULL);
+  tcc__cond_init_monotonic(&e->waiter_cv);
+  atomic_store_explicit(&e->coll_next, 1, memory_order_relaxed); /* collectives are numbered from 1 */
   comm->engine = e;
   int rc = pthread_create(&e->coll_thread, NULL, tcc__host_coll_thread, comm);
   if (rc == 0) {
@@ -71,7 +72,7 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     /* Written only here, under the lock: no atomic increment needed. */
     op->seq = atomic_load_explicit(&comm->coll_issued, memory_order_relaxed) + 1;
     atomic_store_explicit(&comm->coll_issued, op->seq, memory_order_relaxed);
-    tcc__queue_push(&e->coll_head, &e->coll_tail, op);
+    tcc__host_coll_push_locked(e, op);
     e->last_submit_ns = tcc__coarse_now_ns();
     if (e->coll_deep_sleep) pthread_cond_signal(&e->coll_cv); /* see host.h */
     pthread_mutex_unlock(&e->lock);
@@ -110,6 +111,7 @@ static void host_stop(tcc_comm_t *comm) {
   if (!e) return;
   pthread_mutex_lock(&e->lock);
   e->stopping = 1;
+  atomic_store(&e->waiters_refused, true); /* before the look at the claim below (coll_queue.c) */
   atomic_store_explicit(&e->p2p_news, true, memory_order_release);
   pthread_cond_broadcast(&e->coll_cv);
   pthread_cond_broadcast(&e->p2p_cv);
@@ -117,9 +119,15 @@ static void host_stop(tcc_comm_t *comm) {
   if (comm->ops) comm->ops->p2p_notify(comm);
   /* A thread running the queue from tcc_op_wait uses the transport: it
    * must be out before the transport goes (its op fails fast: the
-   * communicator is failed before stop). */
+   * communicator is failed before stop). A waiter giving the claim back
+   * takes no lock; it wakes this wait when it sees the flag, and the wait
+   * looks again every millisecond whether or not it did. */
   pthread_mutex_lock(&e->lock);
-  while (e->waiter_runs || e->p2p_waiter_runs) pthread_cond_wait(&e->waiter_cv, &e->lock);
+  while (atomic_load(&e->runner) == RUNNER_WAITER || e->p2p_waiter_runs) {
+    const int64_t until = tcc__now_ns() + 1000000LL;
+    const struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
+    pthread_cond_timedwait(&e->waiter_cv, &e->lock, &ts);
+  }
   pthread_mutex_unlock(&e->lock);
   /* A submitter's or poller's single round may still use the transport:
    * it holds p2p_progress, and any round after it sees `stopping`. */
@@ -175,6 +183,8 @@ static tcc_result_t host_wait(tcc_op_t *op, int64_t timeout_ms) {
       op->exec->start(op);
     }
   }
+  /* A waiter that ran the queue has usually finished its op by now. */
+  if (atomic_load(&op->finished)) return op->result;
   return tcc__op_await(op, timeout_ms);
 }
 
@@ -186,7 +196,7 @@ static void host_start(tcc_op_t *op) {
   }
   tcc_engine_t *e = op->comm->engine;
   pthread_mutex_lock(&e->lock);
-  if (e->coll_head && !e->runner_busy) pthread_cond_signal(&e->coll_cv);
+  if (atomic_load(&e->runner) == RUNNER_FREE && tcc__host_coll_queued(e)) pthread_cond_signal(&e->coll_cv);
   pthread_mutex_unlock(&e->lock);
 }
 
