@@ -50,7 +50,9 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
   (void)stream;
   (void)err;
   tcc_engine_t *e = comm->engine;
-  tcc_op_retain(op);
+  /* The executor's reference. No other thread has the op before it is
+   * queued below: a plain increment, not a locked one. */
+  atomic_store_explicit(&op->refs, atomic_load_explicit(&op->refs, memory_order_relaxed) + 1, memory_order_relaxed);
   /* A p2p op's submitter runs the first round itself when nobody else
    * runs them (host.h): taking p2p_progress before the engine lock lets it
    * adopt its op directly, in the same locked section as the check below. */
