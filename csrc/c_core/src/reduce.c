@@ -587,8 +587,10 @@ void tcc__reduce_n(void *dst, const void *const *srcs, int nsrc, size_t count,
                   tcc_dtype_t dtype, tcc_redop_t op, double premul) {
   if (count == 0 || nsrc <= 0) return;
   /* The caller checked this; checking again keeps a bad enum from indexing
-   * past the table. It costs a few compares per call, not per element. */
-  if (tcc_redop_supported(dtype, op) != TCC_OK) return;
+   * past the table. Sum, product, min and max reduce every dtype: the
+   * full check only for the others. */
+  const bool any_dtype = op == TCC_SUM || op == TCC_PRODUCT || op == TCC_MIN || op == TCC_MAX;
+  if ((unsigned)dtype >= TCC_DTYPE_COUNT || (!any_dtype && tcc_redop_supported(dtype, op) != TCC_OK)) return;
   const reduce_kernel_fn *kernels = kernels_in_use();
   if (TCC_MUTANT(AVG_DIVISOR) && op == TCC_AVG) op = TCC_SUM; /* MUTATION SITE: divisor 1 */
   kernels[dtype](dst, srcs, nsrc, count, op, premul);

@@ -19,7 +19,16 @@ typedef enum tcc_coll_kind {
   TCC_COLL_BARRIER
 } tcc_coll_kind_t;
 
-const char *tcc__coll_name(tcc_coll_kind_t kind);
+/* The op's name in messages; inline, as every entry point asks it. */
+static inline const char *tcc__coll_name(tcc_coll_kind_t kind) {
+  static const char *const names[TCC_COLL_BARRIER + 1] = {
+      [TCC_COLL_BROADCAST] = "broadcast", [TCC_COLL_ALLREDUCE] = "allreduce",
+      [TCC_COLL_REDUCE] = "reduce",       [TCC_COLL_ALLGATHER] = "allgather",
+      [TCC_COLL_GATHER] = "gather",       [TCC_COLL_SCATTER] = "scatter",
+      [TCC_COLL_REDUCE_SCATTER] = "reduce_scatter", [TCC_COLL_ALLTOALL] = "alltoall",
+      [TCC_COLL_BARRIER] = "barrier"};
+  return (unsigned)kind <= TCC_COLL_BARRIER && names[kind] ? names[kind] : "unknown";
+}
 
 /* One collective as issued on this rank. Buffers are host memory.
  * - BROADCAST: send = recv = the buffer (count elements).

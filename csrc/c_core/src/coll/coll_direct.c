@@ -170,7 +170,7 @@ tcc_result_t tcc__direct_move(tcc_comm_t *comm, const tcc_coll_t *c, const void 
 bool tcc__direct_expected(tcc_comm_t *comm, const tcc_coll_t *c) {
   const tcc__spans_ops_t *sp = comm->ops->spans;
   if (!sp->peer_read || !sp->peer_write) return false;
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc__dtype_size(c->dtype);
   size_t longest = c->count * es;
   if (c->kind == TCC_COLL_SCATTER) longest *= (size_t)(comm->size - 1);
   if (c->kind == TCC_COLL_ALLTOALL) { /* this rank's own stream: the others' are not known here */

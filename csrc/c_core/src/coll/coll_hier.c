@@ -73,7 +73,7 @@ static bool reduction_stages(const tcc_coll_t *c) { return c->dtype != TCC_FLOAT
 /* The size the choice goes by: a rank's input (allreduce, broadcast,
  * reduce_scatter) or output (allgather). */
 static size_t op_bytes(const tcc_comm_t *comm, const tcc_coll_t *c) {
-  size_t bytes = c->count * tcc_dtype_size(c->dtype);
+  size_t bytes = c->count * tcc__dtype_size(c->dtype);
   if (c->kind == TCC_COLL_ALLGATHER || c->kind == TCC_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->size;
   return bytes;
 }
@@ -128,7 +128,7 @@ const char *tcc__coll_hier_algorithm(const tcc_comm_t *comm, const tcc_coll_t *c
 
 tcc_result_t tcc__hier_shard_reduce_scatter(tcc_comm_t *comm, const tcc__hier_job_t *seg, tcc_err_t *err) {
   const int L = comm->topo->local->size, l = comm->topo->local->rank;
-  const size_t es = tcc_dtype_size(seg->sum->dtype), off = seg->first - (size_t)l * seg->shard;
+  const size_t es = tcc__dtype_size(seg->sum->dtype), off = seg->first - (size_t)l * seg->shard;
   void **parts = (void **)coll_scratch_of(comm)->part_out;
   for (int i = 0; i < L; i++) parts[i] = at(seg->sum->send, ((size_t)i * seg->shard + off) * es);
   tcc_coll_t rs = reduction(TCC_COLL_REDUCE_SCATTER, seg->sum, seg->sum->redop, NULL,
@@ -139,7 +139,7 @@ tcc_result_t tcc__hier_shard_reduce_scatter(tcc_comm_t *comm, const tcc__hier_jo
 
 tcc_result_t tcc__hier_shard_allgather(tcc_comm_t *comm, const tcc__hier_job_t *seg, tcc_err_t *err) {
   const int L = comm->topo->local->size, l = comm->topo->local->rank;
-  const size_t es = tcc_dtype_size(seg->out->dtype), off = seg->first - (size_t)l * seg->shard;
+  const size_t es = tcc__dtype_size(seg->out->dtype), off = seg->first - (size_t)l * seg->shard;
   void **parts = (void **)coll_scratch_of(comm)->part_out;
   for (int i = 0; i < L; i++) parts[i] = at(seg->out->recv, ((size_t)i * seg->shard + off) * es);
   tcc_coll_t ag = reduction(TCC_COLL_ALLGATHER, seg->out, seg->out->redop, parts[l], NULL, seg->len);
@@ -195,7 +195,7 @@ tcc_result_t tcc__hier_in_segments(tcc_comm_t *comm, const hier_steps_t *steps, 
  * index on the other hosts, then averaged if AVG (the sum is complete). */
 static tcc_result_t allreduce_across(tcc_comm_t *comm, const tcc__hier_job_t *j, void **parts, tcc_err_t *err) {
   (void)parts;
-  void *mine = at(j->sum->recv, j->first * tcc_dtype_size(j->sum->dtype));
+  void *mine = at(j->sum->recv, j->first * tcc__dtype_size(j->sum->dtype));
   tcc_coll_t ar = reduction(TCC_COLL_ALLREDUCE, j->sum, later_op(j->sum->redop), mine, mine, j->len);
   tcc_result_t r = phase(comm->topo->cross, &ar, j->seq, j->deadline, err);
   if (r == TCC_OK) average(comm, j->sum, mine, j->len);
@@ -207,7 +207,7 @@ static tcc_result_t allreduce_by_shards(tcc_comm_t *comm, const tcc_coll_t *c, u
   const tcc__topology_t *t = comm->topo;
   tcc_comm_t *local = t->local;
   const int L = local->size;
-  const size_t es = tcc_dtype_size(c->dtype), shard = c->count / (size_t)L, main = shard * (size_t)L;
+  const size_t es = tcc__dtype_size(c->dtype), shard = c->count / (size_t)L, main = shard * (size_t)L;
   tcc_result_t r = TCC_OK;
   if (shard > 0) {
     static const hier_steps_t steps = {tcc__hier_shard_reduce_scatter, allreduce_across, tcc__hier_shard_allgather};
@@ -272,7 +272,7 @@ static tcc_result_t reduce_scatter(tcc_comm_t *comm, const tcc_coll_t *c, uint64
                                    tcc_err_t *err) {
   const tcc__topology_t *t = comm->topo;
   const int H = t->nhosts, L = t->local->size;
-  const size_t block = c->count * tcc_dtype_size(c->dtype);
+  const size_t block = c->count * tcc__dtype_size(c->dtype);
   uint8_t *sums = partials(comm, (size_t)H * block); /* [H] this host's sum of block (h, l) */
   if (!sums && block > 0) return out_of_memory(comm, c, seq, err);
   void **parts = (void **)coll_scratch_of(comm)->part_out; /* [size]: L, then H pointers */
@@ -297,7 +297,7 @@ static tcc_result_t reduce(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, 
   const bool collects = t->local->rank == gather_at;
   void *sum = c->recv; /* the root's output; the other collectors' partials */
   if (collects && comm->rank != c->root) {
-    sum = partials(comm, c->count * tcc_dtype_size(c->dtype));
+    sum = partials(comm, c->count * tcc__dtype_size(c->dtype));
     if (!sum && c->count > 0) return out_of_memory(comm, c, seq, err);
   }
   tcc_coll_t host = reduction(TCC_COLL_REDUCE, c, c->redop, c->send, collects ? sum : NULL, c->count);

@@ -317,7 +317,7 @@ tcc_result_t tcc__coll_hier_alltoall(tcc_comm_t *comm, const tcc_coll_t *c, uint
                                      tcc_err_t *err) {
   const int n = comm->size;
   uint64_t *matrix = malloc((size_t)n * (size_t)n * sizeof *matrix);
-  const a2a_t a = {.comm = comm, .t = comm->topo, .c = c, .S = matrix, .es = tcc_dtype_size(c->dtype), .n = n};
+  const a2a_t a = {.comm = comm, .t = comm->topo, .c = c, .S = matrix, .es = tcc__dtype_size(c->dtype), .n = n};
   if (!matrix) return nomem(&a, seq, err);
   tcc_result_t r = tcc__coll_stream_agree(comm, c, seq, deadline_ns, matrix, err);
   if (r == TCC_OK && !blocks_small(&a)) {

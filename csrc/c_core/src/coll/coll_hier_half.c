@@ -54,7 +54,7 @@ static tcc_result_t segment_across_hosts(tcc_comm_t *comm, const tcc__hier_job_t
   tcc_comm_t *cross = comm->topo->cross;
   const tcc_coll_t *c = j->out, *w = j->sum;
   const int H = cross->size, me = cross->rank;
-  const size_t part = j->len / (size_t)H, main = part * (size_t)H, es = tcc_dtype_size(c->dtype);
+  const size_t part = j->len / (size_t)H, main = part * (size_t)H, es = tcc__dtype_size(c->dtype);
   float *wide = w->recv;
   tcc_result_t r = TCC_OK;
   if (part > 0) {
@@ -81,7 +81,7 @@ static tcc_result_t segment_across_hosts(tcc_comm_t *comm, const tcc__hier_job_t
 static tcc_result_t by_shards(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_t *w, uint64_t seq,
                               int64_t deadline, tcc_err_t *err) {
   const size_t shard = c->count / (size_t)comm->topo->local->size, main = shard * (size_t)comm->topo->local->size;
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc__dtype_size(c->dtype);
   tcc_result_t r = TCC_OK;
   if (shard > 0) {
     static const hier_steps_t steps = {tcc__hier_shard_reduce_scatter, segment_across_hosts,

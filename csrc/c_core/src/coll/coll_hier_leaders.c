@@ -43,7 +43,7 @@
  * would have. */
 static void own_partial(const tcc_coll_t *c, const void *src, void *out, size_t count) {
   if (c->redop == TCC_PREMUL_SUM) tcc__reduce_n(out, &src, 1, count, c->dtype, TCC_PREMUL_SUM, c->premul);
-  else if (src != out) tcc__copy(out, src, count * tcc_dtype_size(c->dtype));
+  else if (src != out) tcc__copy(out, src, count * tcc__dtype_size(c->dtype));
 }
 
 /* allreduce, segment by segment (coll_hier.c runs the steps): the host's
@@ -51,7 +51,7 @@ static void own_partial(const tcc_coll_t *c, const void *src, void *out, size_t 
  * leader's broadcast of the result to its host. */
 static tcc_result_t leaders_reduce(tcc_comm_t *comm, const tcc__hier_job_t *seg, tcc_err_t *err) {
   const tcc_coll_t *c = seg->out;
-  const size_t off = seg->first * tcc_dtype_size(c->dtype);
+  const size_t off = seg->first * tcc__dtype_size(c->dtype);
   if (!comm->topo->local) {
     own_partial(c, at(c->send, off), at(c->recv, off), seg->len);
     return TCC_OK;
@@ -63,7 +63,7 @@ static tcc_result_t leaders_reduce(tcc_comm_t *comm, const tcc__hier_job_t *seg,
 static tcc_result_t leaders_allreduce(tcc_comm_t *comm, const tcc__hier_job_t *seg, void **parts, tcc_err_t *err) {
   (void)parts;
   const tcc_coll_t *c = seg->out;
-  void *mine = at(c->recv, seg->first * tcc_dtype_size(c->dtype));
+  void *mine = at(c->recv, seg->first * tcc__dtype_size(c->dtype));
   tcc_coll_t hosts = reduction(TCC_COLL_ALLREDUCE, c, later_op(c->redop), mine, mine, seg->len);
   tcc_result_t r = phase(comm->topo->cross, &hosts, seg->seq, seg->deadline, err);
   if (r == TCC_OK) average(comm, c, mine, seg->len);
@@ -72,7 +72,7 @@ static tcc_result_t leaders_allreduce(tcc_comm_t *comm, const tcc__hier_job_t *s
 
 static tcc_result_t leaders_broadcast(tcc_comm_t *comm, const tcc__hier_job_t *seg, tcc_err_t *err) {
   const tcc_coll_t *c = seg->out;
-  void *mine = at(c->recv, seg->first * tcc_dtype_size(c->dtype));
+  void *mine = at(c->recv, seg->first * tcc__dtype_size(c->dtype));
   tcc_coll_t spread = {.kind = TCC_COLL_BROADCAST, .dtype = c->dtype, .count = seg->len, .root = 0, .send = mine,
                        .recv = mine};
   return phase(comm->topo->local, &spread, seg->seq, seg->deadline, err);
@@ -86,7 +86,7 @@ static tcc_result_t allreduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, 
   /* Segments overlap the leaders' allreduce with the host's phases only
    * where the machines have a CPU for the leaders' threads
    * (transport.h, tcc__hier_overlap_t). */
-  const size_t nseg = comm->topo->leaders_overlap ? hier_segment_count(c->count * tcc_dtype_size(c->dtype)) : 1;
+  const size_t nseg = comm->topo->leaders_overlap ? hier_segment_count(c->count * tcc__dtype_size(c->dtype)) : 1;
   return tcc__hier_in_segments(comm, &steps, &whole, c->count, nseg, err);
 }
 
@@ -99,7 +99,7 @@ static tcc_result_t reduce_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, uin
    * partials. */
   void *sum = c->recv;
   if (comm->rank != c->root && (leader || (root_host && t->local_index[c->root] != 0))) {
-    sum = partials(comm, c->count * tcc_dtype_size(c->dtype));
+    sum = partials(comm, c->count * tcc__dtype_size(c->dtype));
     if (!sum && c->count > 0) return out_of_memory(comm, c, seq, err);
   }
   tcc_result_t r = TCC_OK;
@@ -183,7 +183,7 @@ static tcc_result_t allgather_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, 
   const tcc__topology_t *t = comm->topo;
   const int H = t->nhosts, h = t->host;
   const bool leader = t->local_index[comm->rank] == 0;
-  const size_t block = c->count * tcc_dtype_size(c->dtype);
+  const size_t block = c->count * tcc__dtype_size(c->dtype);
   tcc_result_t r = TCC_OK;
   if (t->local) {
     void **parts = (void **)coll_scratch_of(comm)->part_out;
@@ -237,7 +237,7 @@ static tcc_result_t allgather_by_leaders(tcc_comm_t *comm, const tcc_coll_t *c, 
 static tcc_result_t host_sum_of_run(tcc_comm_t *comm, const tcc_coll_t *c, int g, uint8_t *sums, uint8_t *stage,
                                     uint64_t seq, int64_t deadline, tcc_err_t *err) {
   const tcc__topology_t *t = comm->topo;
-  const size_t block = c->count * tcc_dtype_size(c->dtype), off = (size_t)t->host_start[g] * block;
+  const size_t block = c->count * tcc__dtype_size(c->dtype), off = (size_t)t->host_start[g] * block;
   const int k0 = t->host_start[g], k1 = k0 + t->host_size[g];
   uint8_t *run = adjacent(t, c->sends, k0, k1, block);
   if (!run) pack(t, c->sends, k0, k1, block, run = (sums ? sums : stage) + off);
@@ -255,7 +255,7 @@ static tcc_result_t reduce_scatter_by_leaders(tcc_comm_t *comm, const tcc_coll_t
   const tcc__topology_t *t = comm->topo;
   const int H = t->nhosts, h = t->host, L = t->host_size[h];
   const bool leader = t->local_index[comm->rank] == 0;
-  const size_t block = c->count * tcc_dtype_size(c->dtype);
+  const size_t block = c->count * tcc__dtype_size(c->dtype);
   /* Partials: every other host's partial of this rank's block (slot g of
    * H); on a leader then its host's sums of the other hosts' blocks (at
    * their place in host order) and what each other host's leader sends

@@ -54,6 +54,7 @@ tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
     s->poll_peers = calloc(n, sizeof *s->poll_peers);
     s->poll_events = calloc(n, sizeof *s->poll_events);
     s->poll_revents = calloc(n, sizeof *s->poll_revents);
+    s->slot_part_max = tcc__coll_slots_part_max(comm);
     s->stream_one_sided = tcc__stream_one_sided_wanted(comm);
     if (s->stream_one_sided) {
       s->one_sided_descs = calloc(TCC_STREAM_UNREAD_MAX, sizeof *s->one_sided_descs);
@@ -121,7 +122,7 @@ const char *tcc__coll_algorithm(tcc_comm_t *comm, const tcc_coll_t *c) {
     if (c->kind == TCC_COLL_BARRIER) return "spans stage barrier";
     if (tcc__coll_slots_fit(comm, c)) return "spans slot rings";
     if (!reduction) return tcc__direct_expected(comm, c) ? "spans single-copy reads" : "spans windowed copy";
-    if (tcc__coll_staged_one_shot(c->kind, c->count * tcc_dtype_size(c->dtype), comm->ops->spans->one_shot_bytes(comm)))
+    if (tcc__coll_staged_one_shot(c->kind, c->count * tcc__dtype_size(c->dtype), comm->ops->spans->one_shot_bytes(comm)))
       return "spans one-shot reduction";
     return c->kind == TCC_COLL_REDUCE_SCATTER ? "spans pipelined reduce-scatter" : "spans pipelined reduce-scatter + all-gather";
   }

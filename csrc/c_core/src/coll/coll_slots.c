@@ -44,7 +44,7 @@ enum { PROGRESS_ENTERED = 0, PROGRESS_FINISHED = 1 };
 
 /* The bytes one sender puts in its slot for c. */
 static size_t part_bytes(const tcc_coll_t *c, int n) {
-  const size_t bytes = c->count * tcc_dtype_size(c->dtype);
+  const size_t bytes = c->count * tcc__dtype_size(c->dtype);
   return c->kind == TCC_COLL_SCATTER ? (size_t)(n - 1) * bytes : bytes;
 }
 
@@ -70,7 +70,7 @@ bool tcc__coll_slots_fit(tcc_comm_t *comm, const tcc_coll_t *c) {
     default:
       return false;
   }
-  const size_t part_max = tcc__coll_slots_part_max(comm);
+  const size_t part_max = coll_scratch_of(comm)->slot_part_max;
   if (part_max == 0) return false;
   /* Elements are at least a byte each: a count above the slot's size does
    * not fit, and the product below cannot overflow. */
@@ -133,7 +133,9 @@ static bool peer_finished(void *arg) {
 static tcc_result_t wait_for(tcc_comm_t *comm, slot_watch_t *w, bool (*ready)(void *), const tcc_coll_t *c,
                              uint64_t seq, int64_t deadline, tcc_err_t *err) {
   const char *op = tcc__coll_name(c->kind);
-  tcc_result_t r = w->sp->slot_wait(comm, ready, w, w->peer, deadline, op, seq, err);
+  /* Looked at once before the transport's wait, which a ready peer (the
+   * usual case for a sender's room) does not need. */
+  tcc_result_t r = ready(w) ? TCC_OK : w->sp->slot_wait(comm, ready, w, w->peer, deadline, op, seq, err);
   if (r == TCC_ERR_TIMEOUT)
     return tcc__err_set(err, TCC_ERR_TIMEOUT,
                         "tccomm %s #%llu on '%s' (rank %d): timed out waiting for rank %d %s (it did not call "
@@ -157,7 +159,7 @@ static tcc_result_t wait_for(tcc_comm_t *comm, slot_watch_t *w, bool (*ready)(vo
 
 /* Where this rank's part for c comes from: pieces in rank order. */
 static void write_part(tcc_comm_t *comm, const tcc_coll_t *c, char *to) {
-  const size_t bytes = c->count * tcc_dtype_size(c->dtype);
+  const size_t bytes = c->count * tcc__dtype_size(c->dtype);
   if (bytes == 0) return;
   if (c->kind != TCC_COLL_SCATTER) {
     tcc__copy(to, c->send, bytes);
@@ -221,7 +223,7 @@ static tcc_result_t take_part(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_c
 static tcc_result_t receive(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_desc_t *mine, uint64_t pos,
                             uint64_t seq, int64_t deadline, tcc_err_t *err) {
   const int n = comm->size, me = comm->rank, root = c->root;
-  const size_t bytes = c->count * tcc_dtype_size(c->dtype);
+  const size_t bytes = c->count * tcc__dtype_size(c->dtype);
   const char *part;
   tcc_result_t r;
   switch (c->kind) {
@@ -279,7 +281,7 @@ tcc_result_t tcc__coll_slots_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t
   if (r != TCC_OK) return r;
   atomic_store_explicit(&progress[PROGRESS_ENTERED], pos, memory_order_release);
   if (c->kind == TCC_COLL_SCATTER && comm->rank == c->root && c->count)
-    tcc__move(c->recv, c->sends[comm->rank], c->count * tcc_dtype_size(c->dtype));
+    tcc__move(c->recv, c->sends[comm->rank], c->count * tcc__dtype_size(c->dtype));
   if (!sends(c, comm->rank)) r = receive(comm, c, &mine, pos, seq, deadline, err);
   if (r != TCC_OK) return r;
   atomic_store_explicit(&progress[PROGRESS_FINISHED], pos, memory_order_release);

@@ -67,7 +67,9 @@ static void copy_stream(char *dst, const coll_piece_t *pieces, int np, size_t fr
 /* The first stage's barrier and the agreement check. */
 static tcc_result_t first_stage_sync(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, int parity,
                                      uint64_t seq, int64_t deadline, tcc_err_t *err) {
-  const bool slots = st->sp->slot_count(comm) > 0;
+  /* Without slot-ring ops here (no rings, or a view, or one rank) every
+   * rank's digest stays the same: nothing to publish or compare. */
+  const bool slots = st->sc->slot_part_max > 0;
   if (slots) tcc__coll_slots_publish(comm, parity);
   tcc_result_t r = stage_barrier(st, deadline, tcc__coll_name(c->kind), seq, err);
   if (r != TCC_OK) return r;
@@ -217,7 +219,7 @@ static void copy_local(tcc_comm_t *comm, const tcc_coll_t *c, size_t es) {
 static tcc_result_t run_movement(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, uint64_t seq,
                                  int64_t deadline, tcc_err_t *err) {
   const int n = comm->size, me = comm->rank;
-  const size_t es = tcc_dtype_size(c->dtype), W = st->window;
+  const size_t es = tcc__dtype_size(c->dtype), W = st->window;
   const int np = build_stream(comm, c, es, st->sc->pieces);
   size_t my_len = 0;
   for (int i = 0; i < np; i++) my_len += st->sc->pieces[i].len;
@@ -286,7 +288,7 @@ static char *one_shot_in(staged_t *st, int r, int parity, size_t bytes) {
 static tcc_result_t reduce_one_shot(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, uint64_t seq,
                                     int64_t deadline, tcc_err_t *err) {
   const int n = comm->size, me = comm->rank;
-  const size_t bytes = c->count * tcc_dtype_size(c->dtype);
+  const size_t bytes = c->count * tcc__dtype_size(c->dtype);
   const int parity = next_parity(st);
   tcc__coll_desc_fill(c, seq, n, desc_of(st, me, parity));
   /* An empty tensor may have no data pointer. */
@@ -321,7 +323,7 @@ typedef struct parts {
  * L2 or memory: at 2 ranks a third of all bytes copied. */
 static void reduce_and_publish(char *res, char *out, const void **srcs, int n, size_t count,
                                const tcc_coll_t *c) {
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc__dtype_size(c->dtype);
   if (!out) {
     tcc__reduce_n(res, srcs, n, count, c->dtype, c->redop, c->premul);
     return;
@@ -337,7 +339,7 @@ static void reduce_and_publish(char *res, char *out, const void **srcs, int n, s
 static tcc_result_t reduce_pipelined(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c,
                                      const parts_t *pt, uint64_t seq, int64_t deadline, tcc_err_t *err) {
   const int n = comm->size, me = comm->rank;
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc__dtype_size(c->dtype);
   const size_t slot = st->window / (size_t)n / TCC_CACHELINE * TCC_CACHELINE;
   const size_t w = slot / es; /* elements of each part per stage */
   size_t longest = 0;
@@ -391,7 +393,7 @@ bool tcc__coll_staged_one_shot(tcc_coll_kind_t kind, size_t bytes, size_t small_
 static tcc_result_t run_reduction(tcc_comm_t *comm, staged_t *st, const tcc_coll_t *c, uint64_t seq,
                                   int64_t deadline, tcc_err_t *err) {
   const int n = comm->size, me = comm->rank;
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc__dtype_size(c->dtype);
   if (tcc__coll_staged_one_shot(c->kind, c->count * es, st->small_bytes))
     return reduce_one_shot(comm, st, c, seq, deadline, err);
 
@@ -430,7 +432,7 @@ tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
   tcc_result_t r;
   if (tcc__coll_slots_fit(comm, &staged)) {
     r = tcc__coll_slots_run(comm, &staged, seq, deadline_ns, err);
-    free(snapshot);
+    if (snapshot) free(snapshot); /* rarely: overlapping inputs only */
     return r;
   }
   switch (c->kind) {
@@ -443,6 +445,6 @@ tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
       r = run_movement(comm, st, &staged, seq, deadline_ns, err);
       break;
   }
-  free(snapshot);
+  if (snapshot) free(snapshot); /* rarely: overlapping inputs only */
   return r;
 }

@@ -80,7 +80,7 @@ void tcc__stream_chunk_of(size_t count, int n, int j, size_t *off, size_t *len) 
 static tcc_result_t run_reduction(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline,
                                   tcc_err_t *err) {
   int n = x->comm->size, me = x->comm->rank;
-  size_t es = tcc_dtype_size(c->dtype), chunk;
+  size_t es = tcc__dtype_size(c->dtype), chunk;
   stream_reducer_t *red = &x->red;
   red->dtype = c->dtype;
   red->redop = c->redop;
@@ -126,7 +126,7 @@ static tcc_result_t run_reduction(stream_xfer_t *x, const tcc_coll_t *c, int64_t
 static tcc_result_t run_data(stream_xfer_t *x, const tcc_coll_t *c, int64_t deadline,
                              tcc_err_t *err) {
   int n = x->comm->size, me = x->comm->rank;
-  size_t es = tcc_dtype_size(c->dtype), bytes = c->count * es;
+  size_t es = tcc__dtype_size(c->dtype), bytes = c->count * es;
   void *self_dst = NULL;
   const void *self_src = NULL;
   size_t self_len = 0;

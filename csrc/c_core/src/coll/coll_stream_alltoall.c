@@ -33,7 +33,7 @@ bool tcc__stream_block_in_frame(size_t bytes, int n) {
 }
 
 alltoall_frames_t tcc__stream_alltoall_frames(const tcc_coll_t *c, int n, int me) {
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc__dtype_size(c->dtype);
   int in_frames = 0, blocks = 0;
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
@@ -47,7 +47,7 @@ alltoall_frames_t tcc__stream_alltoall_frames(const tcc_coll_t *c, int n, int me
 tcc_result_t tcc__stream_alltoall_move(stream_xfer_t *x, const tcc_coll_t *c, bool small_sent, int64_t deadline,
                                        tcc_err_t *err) {
   const int n = x->comm->size, me = x->comm->rank;
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc__dtype_size(c->dtype);
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
     const size_t out = c->send_counts[j] * es, in = c->recv_counts[j] * es;
@@ -67,7 +67,7 @@ tcc_result_t tcc__stream_alltoall_move(stream_xfer_t *x, const tcc_coll_t *c, bo
  * blocks that arrive in frames. */
 static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_t *p) {
   const int n = x->comm->size, me = x->comm->rank;
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc__dtype_size(c->dtype);
   size_t frames = 0, ins = 0;
   for (int j = 0; j < n; j++) {
     if (j == me) continue;

@@ -62,7 +62,7 @@ bool tcc__stream_eager_fits(const tcc_coll_t *c, int n) {
   }
   /* The choice depends on nothing but descriptor fields every rank checks,
    * so ranks that choose differently have issued different ops. */
-  const size_t bytes = c->count * tcc_dtype_size(c->dtype);
+  const size_t bytes = c->count * tcc__dtype_size(c->dtype);
   return n > 1 && c->count <= EAGER_BYTES && bytes <= EAGER_BYTES / (size_t)(n - 1);
 }
 
@@ -135,7 +135,7 @@ static const void *own_input(const tcc_coll_t *c, int me) {
  * `extra` this rank's own input when it reduces it (see own_input). */
 static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_t *p) {
   const int n = x->comm->size, me = x->comm->rank;
-  const size_t bytes = c->count * tcc_dtype_size(c->dtype);
+  const size_t bytes = c->count * tcc__dtype_size(c->dtype);
   size_t frames = 0, ins = 0, len;
   const void *prev = NULL;
   size_t prev_len = 0;
@@ -182,7 +182,7 @@ static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_
 /* The op's results from the payloads, after the check accepted it. */
 static void finish(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_t *p) {
   const int n = x->comm->size, me = x->comm->rank;
-  const size_t bytes = c->count * tcc_dtype_size(c->dtype);
+  const size_t bytes = c->count * tcc__dtype_size(c->dtype);
   const size_t payload_at = tcc__stream_frame_bytes(c, n, 0); /* in a frame */
   const int any_peer = me == 0 ? 1 : 0;
   if (bytes == 0) return; /* no payloads arrived, and nothing is to be written */

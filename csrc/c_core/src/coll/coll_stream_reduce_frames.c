@@ -27,7 +27,7 @@ bool tcc__stream_reduce_frames_fits(const tcc_coll_t *c, int n) {
   /* The largest chunk (the first count % n have one element more); every
    * rank decides alike from the count and dtype the check compares. */
   const size_t largest = c->count / (size_t)n + (c->count % (size_t)n != 0);
-  return largest <= TCC_STREAM_PAYLOAD_MAX / tcc_dtype_size(c->dtype);
+  return largest <= TCC_STREAM_PAYLOAD_MAX / tcc__dtype_size(c->dtype);
 }
 
 /* The scratch of one op (stream_frame_plan_t): a frame per peer (its
@@ -35,7 +35,7 @@ bool tcc__stream_reduce_frames_fits(const tcc_coll_t *c, int n) {
  * this rank's chunk. */
 static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_t *p) {
   const int n = x->comm->size, me = x->comm->rank;
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc__dtype_size(c->dtype);
   size_t my_off, my_len, off, len, frames = 0;
   tcc__stream_chunk_of(c->count, n, me, &my_off, &my_len);
   for (int j = 0; j < n; j++) {
@@ -66,7 +66,7 @@ static bool plan(const stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_
 static tcc_result_t reduce_and_gather(stream_xfer_t *x, const tcc_coll_t *c, stream_frame_plan_t *p, int64_t deadline,
                                       tcc_err_t *err) {
   const int n = x->comm->size, me = x->comm->rank;
-  const size_t es = tcc_dtype_size(c->dtype);
+  const size_t es = tcc__dtype_size(c->dtype);
   size_t my_off, my_len, off, len;
   tcc__stream_chunk_of(c->count, n, me, &my_off, &my_len);
   uint8_t *recv = c->recv, *mine = recv + my_off * es;

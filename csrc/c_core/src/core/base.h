@@ -19,6 +19,16 @@
 #define TCC_CACHELINE 64 /* bytes; what hot shared counters are aligned to */
 #define TCC_MAX_RANKS 1024
 
+/* tcc_dtype_size, inline: every op's path asks it several times. 0 for an
+ * invalid dtype. */
+static inline size_t tcc__dtype_size(tcc_dtype_t dt) {
+  _Static_assert(TCC_DTYPE_COUNT == 10, "a new dtype needs its size here");
+  static const unsigned char sizes[TCC_DTYPE_COUNT] = {
+      [TCC_FLOAT32] = 4, [TCC_FLOAT64] = 8, [TCC_FLOAT16] = 2, [TCC_BFLOAT16] = 2, [TCC_INT8] = 1,
+      [TCC_INT16] = 2,   [TCC_INT32] = 4,   [TCC_INT64] = 8,   [TCC_UINT8] = 1,    [TCC_BOOL] = 1};
+  return (unsigned)dt < TCC_DTYPE_COUNT ? sizes[dt] : 0;
+}
+
 /* ---- errors ---------------------------------------------------------- */
 
 typedef struct tcc_err {

@@ -183,7 +183,7 @@ void tcc_op_release(tcc_op_t *op) {
   if (!op) return;
   if (atomic_fetch_sub(&op->refs, 1) != 1) return;
   op->exec->op_free(op);
-  free(op->owned_arrays);
+  if (op->owned_arrays) free(op->owned_arrays); /* groups of more than TCC_OP_INLINE_RANKS only */
   tcc_comm_t *comm = op->comm;
   op_free_memory(op);
   tcc__comm_release(comm);

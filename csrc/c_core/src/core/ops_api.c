@@ -87,7 +87,7 @@ static tcc_result_t check_root(tcc_comm_t *comm, const char *what, int root) {
                 comm->name, root, comm->size);
 }
 
-static tcc_result_t check_redop(tcc_comm_t *comm, const char *what, tcc_dtype_t dt, tcc_redop_t op) {
+static inline tcc_result_t check_redop(tcc_comm_t *comm, const char *what, tcc_dtype_t dt, tcc_redop_t op) {
   /* Sum, product, min and max reduce every dtype: no call for them. */
   const bool any_dtype = (op == TCC_SUM || op == TCC_PRODUCT || op == TCC_MIN || op == TCC_MAX) &&
                          (unsigned)dt < TCC_DTYPE_COUNT;
@@ -177,7 +177,7 @@ static void trace_issued(tcc_comm_t *comm, const tcc_op_t *op) {
   const char *algorithm = op->device < 0 ? tcc__coll_algorithm(comm, c) : op->exec->name;
   TCC_LOG_TRACE(comm->rank, "%s%s on '%s': %s count %zu (%zu bytes)%s, %s, executor %s, algorithm %s",
                 tcc__coll_name(c->kind), seq, comm->name, tcc_dtype_name(c->dtype), count,
-                count * tcc_dtype_size(c->dtype), root, mem, op->exec->name, algorithm);
+                count * tcc__dtype_size(c->dtype), root, mem, op->exec->name, algorithm);
 }
 
 /* Hands a built op to its executor: host memory to the host executor,
@@ -199,8 +199,10 @@ static tcc_result_t submit_op(tcc_comm_t *comm, tcc_op_t *op, tcc_buf_t where, t
 }
 
 /* `where` is any buffer of the op: its device (and, for device memory,
- * the caller's stream) decide which executor runs it. */
-static tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_op_opts_t *opts,
+ * the caller's stream) decide which executor runs it. Inline in every
+ * entry point, so that the compiler writes the entry point's collective
+ * straight into the op instead of building it on the stack and copying. */
+static inline __attribute__((always_inline)) tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_op_opts_t *opts,
                                 const tcc_buf_t *sends, const tcc_buf_t *recvs, tcc_buf_t where,
                                 tcc_op_t **out) {
   tcc_op_t *op = op_alloc(comm, TCC_OP_COLL, opts);
@@ -384,7 +386,7 @@ static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int
   op->source = peer;
   op->tag = tag;
   op->buf = buf.ptr;
-  op->bytes = buf.count * tcc_dtype_size(buf.dtype);
+  op->bytes = buf.count * tcc__dtype_size(buf.dtype);
   return submit_op(comm, op, buf, out);
 }
 

@@ -35,22 +35,7 @@ const char *tcc_result_string(tcc_result_t r) {
   return "unknown";
 }
 
-size_t tcc_dtype_size(tcc_dtype_t dt) {
-  switch (dt) {
-    case TCC_FLOAT32: return 4;
-    case TCC_FLOAT64: return 8;
-    case TCC_FLOAT16: return 2;
-    case TCC_BFLOAT16: return 2;
-    case TCC_INT8: return 1;
-    case TCC_INT16: return 2;
-    case TCC_INT32: return 4;
-    case TCC_INT64: return 8;
-    case TCC_UINT8: return 1;
-    case TCC_BOOL: return 1;
-    case TCC_DTYPE_COUNT: break;
-  }
-  return 0;
-}
+size_t tcc_dtype_size(tcc_dtype_t dt) { return tcc__dtype_size(dt); }
 
 /* Same spelling as torch's dtype names, so messages read naturally there. */
 const char *tcc_dtype_name(tcc_dtype_t dt) {

@@ -35,7 +35,7 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   if (TCC_MUTANT(BROADCAST_WRONG_ROOT) && c->kind == TCC_COLL_BROADCAST) c->root = (c->root + 1) % comm->size; /* MUTATION SITE */
   if (TCC_MUTANT(REDUCE_SCATTER_SWAP) && c->kind == TCC_COLL_REDUCE_SCATTER && comm->size > 1) { void *t = c->sends[0]; c->sends[0] = c->sends[1]; c->sends[1] = t; } /* MUTATION SITE */
   tcc_result_t r = tcc__coll_run(comm, &op->coll, op->seq, op->deadline_ns, &err);
-  if (TCC_MUTANT(ALLGATHER_CORRUPT_BYTE) && r == TCC_OK && c->kind == TCC_COLL_ALLGATHER && c->count) ((unsigned char *)c->recvs[(comm->rank + 1) % comm->size])[c->count * tcc_dtype_size(c->dtype) / 2] ^= 1; /* MUTATION SITE */
+  if (TCC_MUTANT(ALLGATHER_CORRUPT_BYTE) && r == TCC_OK && c->kind == TCC_COLL_ALLGATHER && c->count) ((unsigned char *)c->recvs[(comm->rank + 1) % comm->size])[c->count * tcc__dtype_size(c->dtype) / 2] ^= 1; /* MUTATION SITE */
   if (r != TCC_OK && err.msg[0] == 0)
     tcc__err_set(&err, r, "tccomm %s on '%s' (rank %d) failed: %s", tcc__coll_name(op->coll.kind),
                 comm->name, comm->rank, tcc_result_string(r));

@@ -207,7 +207,7 @@ cudaError_t tcc__cuda_stage_free(tcc_op_t *op, tcc__ncomm_t *ncomm) {
 static tcc_result_t issue_reduction(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op, tcc_err_t *err) {
   const tcc_coll_t *k = &op->coll;
   const int n = comm->size;
-  const size_t bytes = k->count * tcc_dtype_size(k->dtype);
+  const size_t bytes = k->count * tcc__dtype_size(k->dtype);
   ncclDataType_t t = ncclInt8;
   ncclRedOp_t rop = ncclSum;
   int created = 0;
@@ -242,7 +242,7 @@ static tcc_result_t issue_reduction(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_o
 static tcc_result_t issue_allgather(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op, tcc_err_t *err) {
   const tcc_coll_t *k = &op->coll;
   const int n = comm->size;
-  const size_t bytes = k->count * tcc_dtype_size(k->dtype);
+  const size_t bytes = k->count * tcc__dtype_size(k->dtype);
   void *dst = k->recvs[0];
   if (bytes && !consecutive(k->recvs, n, bytes)) {
     tcc_result_t r = stage_alloc(comm, ncomm, op, (size_t)n * bytes, err);
@@ -258,7 +258,7 @@ static tcc_result_t issue_allgather(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_o
 static tcc_result_t issue_grouped(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op, tcc_err_t *err) {
   const tcc_coll_t *k = &op->coll;
   const int n = comm->size, me = comm->rank;
-  const size_t es = tcc_dtype_size(k->dtype), bytes = k->count * es;
+  const size_t es = tcc__dtype_size(k->dtype), bytes = k->count * es;
   const tcc__nccl_lib_t *L = ncomm->nccl;
   tcc_result_t r = TCC_OK;
   ncclResult_t nr = ncclSuccess;
@@ -312,7 +312,7 @@ tcc_result_t tcc__cuda_issue(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op
   const tcc_coll_t *k = &op->coll;
   switch (k->kind) {
     case TCC_COLL_BROADCAST:
-      NCCL_TRY("ncclBroadcast", ncomm->nccl->Broadcast(k->send, k->recv, k->count * tcc_dtype_size(k->dtype),
+      NCCL_TRY("ncclBroadcast", ncomm->nccl->Broadcast(k->send, k->recv, k->count * tcc__dtype_size(k->dtype),
                                                    ncclInt8, k->root, handle(ncomm), ncomm->stream));
       return TCC_OK;
     case TCC_COLL_ALLREDUCE:
@@ -335,7 +335,7 @@ tcc_result_t tcc__cuda_post(tcc_comm_t *comm, tcc__ncomm_t *ncomm, tcc_op_t *op,
   if (!nccl_op_of(op)->tmp) return TCC_OK;
   tcc_result_t r = TCC_OK;
   if (op->kind == TCC_OP_COLL && op->coll.kind == TCC_COLL_ALLGATHER) {
-    const size_t bytes = op->coll.count * tcc_dtype_size(op->coll.dtype);
+    const size_t bytes = op->coll.count * tcc__dtype_size(op->coll.dtype);
     for (int j = 0; j < comm->size && r == TCC_OK; j++)
       r = copy_async(comm, ncomm, op, op->coll.recvs[j], (char *)nccl_op_of(op)->tmp + (size_t)j * bytes, bytes, err);
   }
