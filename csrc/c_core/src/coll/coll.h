@@ -122,6 +122,10 @@ tcc_result_t tcc__coll_out_of_step(tcc_comm_t *comm, tcc_err_t *err, const char 
  * a private snapshot held in *mem (free it after the collective).
  * Otherwise *staged = *c and *mem = NULL. Returns false when out of memory. */
 bool tcc__coll_snapshot_inputs(const tcc_coll_t *c, int n, int me, tcc_coll_t *staged, void **mem);
+/* The same without copying c when its inputs need no snapshot (the usual
+ * case): returns c itself, or *copy pointing at the snapshot; NULL when
+ * out of memory. */
+const tcc_coll_t *tcc__coll_inputs_safe(const tcc_coll_t *c, int n, int me, tcc_coll_t *copy, void **mem);
 
 /* ---- running collectives (coll_select.c) ------------------------------ */
 

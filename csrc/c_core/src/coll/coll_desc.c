@@ -308,6 +308,13 @@ static bool copy_inputs(const tcc_coll_t *c, int n, size_t es, tcc_coll_t *stage
   return true;
 }
 
+const tcc_coll_t *tcc__coll_inputs_safe(const tcc_coll_t *c, int n, int me, tcc_coll_t *copy, void **mem) {
+  const size_t es = tcc__dtype_size(c->dtype);
+  *mem = NULL;
+  if (!inputs_need_copy(c, n, me, es)) return c;
+  return copy_inputs(c, n, es, copy, mem) ? copy : NULL;
+}
+
 bool tcc__coll_snapshot_inputs(const tcc_coll_t *c, int n, int me, tcc_coll_t *staged, void **mem) {
   const size_t es = tcc__dtype_size(c->dtype);
   *staged = *c;

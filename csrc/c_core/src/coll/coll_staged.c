@@ -298,7 +298,10 @@ static tcc_result_t reduce_one_shot(tcc_comm_t *comm, staged_t *st, const tcc_co
   if (r != TCC_OK) return r;
   prefetch_next_op(st, in == in_of(st, me, parity) ? bytes : 0);
   if (c->kind == TCC_COLL_ALLREDUCE || me == c->root) {
-    for (int j = 0; j < n; j++) st->sc->srcs[j] = one_shot_in(st, j, parity, bytes);
+    /* The descriptors' places are known since the check (descs[]). */
+    const bool inline_data = bytes <= st->sp->desc_inline_bytes;
+    for (int j = 0; j < n; j++)
+      st->sc->srcs[j] = inline_data ? (const char *)st->sc->descs[j] + sizeof(tcc_coll_desc_t) : in_of(st, j, parity);
     tcc__reduce_n(c->recv, st->sc->srcs, n, c->count, c->dtype, c->redop, c->premul);
   }
   return TCC_OK;
@@ -424,14 +427,15 @@ tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
   tcc__coll_scratch_t *sc = coll_scratch_of(comm);
   staged_t view = {comm, sp, sp->window_bytes(comm), sp->one_shot_bytes(comm), sc};
   staged_t *st = &view;
-  tcc_coll_t staged;
+  tcc_coll_t copy;
   void *snapshot;
-  if (!tcc__coll_snapshot_inputs(c, comm->size, comm->rank, &staged, &snapshot))
+  const tcc_coll_t *staged = tcc__coll_inputs_safe(c, comm->size, comm->rank, &copy, &snapshot);
+  if (!staged)
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm %s on '%s' (rank %d): out of memory",
                        tcc__coll_name(c->kind), comm->name, tcc__self_label(comm));
   tcc_result_t r;
-  if (tcc__coll_slots_fit(comm, &staged)) {
-    r = tcc__coll_slots_run(comm, &staged, seq, deadline_ns, err);
+  if (tcc__coll_slots_fit(comm, staged)) {
+    r = tcc__coll_slots_run(comm, staged, seq, deadline_ns, err);
     if (snapshot) free(snapshot); /* rarely: overlapping inputs only */
     return r;
   }
@@ -439,10 +443,10 @@ tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
     case TCC_COLL_ALLREDUCE:
     case TCC_COLL_REDUCE:
     case TCC_COLL_REDUCE_SCATTER:
-      r = run_reduction(comm, st, &staged, seq, deadline_ns, err);
+      r = run_reduction(comm, st, staged, seq, deadline_ns, err);
       break;
     default:
-      r = run_movement(comm, st, &staged, seq, deadline_ns, err);
+      r = run_movement(comm, st, staged, seq, deadline_ns, err);
       break;
   }
   if (snapshot) free(snapshot); /* rarely: overlapping inputs only */
