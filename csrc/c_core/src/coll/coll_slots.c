@@ -32,6 +32,7 @@
 
 #include "coll/coll_scratch.h"
 #include "core/copy.h"
+#include "core/prefetch.h"
 
 /* A slot: the op's position (written last), its descriptor, its part. */
 #define SLOT_POS_BYTES 8
@@ -156,6 +157,38 @@ static tcc_result_t wait_for(tcc_comm_t *comm, slot_watch_t *w, bool (*ready)(vo
 }
 
 /* ---- one op ------------------------------------------------------------- */
+
+/* How much of a slot the next op's lines are asked for ahead, at most:
+ * small ops are the lines' trips between CPUs; larger ones, bandwidth. */
+#define SLOT_PREFETCH_MAX_BYTES 4096
+
+/* Right after op `pos`: the slot lines op pos + 1 will likely use, asked
+ * for ahead, on the guess that it is alike (ops in a loop are). A sender
+ * takes its own next slot back from the receivers that read it K ops
+ * ago; a receiver asks for the lines it will read of each sender's next
+ * slot, which a sender running ahead has written already. Either way
+ * the lines travel while this rank finishes the op and issues the next,
+ * not when that op touches them (bench/README, "Slot lines asked for
+ * ahead"). */
+static void prefetch_next_slot(tcc_comm_t *comm, const tcc__spans_ops_t *sp, const tcc_coll_t *c, uint64_t pos) {
+  const int n = comm->size, me = comm->rank;
+  if (sends(c, me)) {
+    size_t bytes = SLOT_PART_AT + part_bytes(c, n);
+    if (bytes > SLOT_PREFETCH_MAX_BYTES) bytes = SLOT_PREFETCH_MAX_BYTES;
+    tcc__prefetch_write_span(sp->slot(comm, me, pos + 1), bytes);
+    return;
+  }
+  /* A scatter's receiver reads its own piece of the root's part only. */
+  size_t bytes = c->count * tcc__dtype_size(c->dtype), skip = 0;
+  if (c->kind == TCC_COLL_SCATTER) skip = (size_t)(me < c->root ? me : me - 1) * bytes;
+  if (bytes > SLOT_PREFETCH_MAX_BYTES) bytes = SLOT_PREFETCH_MAX_BYTES;
+  for (int j = 0; j < n; j++) {
+    if (j == me || !sends(c, j)) continue;
+    const char *slot = sp->slot(comm, j, pos + 1);
+    tcc__prefetch_read(slot); /* the head: position and descriptor */
+    tcc__prefetch_read_span(slot + SLOT_PART_AT + skip, bytes);
+  }
+}
 
 /* Where this rank's part for c comes from: pieces in rank order. */
 static void write_part(tcc_comm_t *comm, const tcc_coll_t *c, char *to) {
@@ -286,6 +319,7 @@ tcc_result_t tcc__coll_slots_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t
   if (r != TCC_OK) return r;
   atomic_store_explicit(&progress[PROGRESS_FINISHED], pos, memory_order_release);
   sp->slot_wake(comm);
+  prefetch_next_slot(comm, sp, c, pos);
   return TCC_OK;
 }
 

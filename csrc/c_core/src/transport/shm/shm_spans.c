@@ -9,6 +9,7 @@
 
 #include "core/idle_wait.h"
 #include "core/mutation.h"
+#include "core/prefetch.h"
 #include "transport/shm/shm.h"
 
 /* Whether rank r has reached `stage` (its arrival word of that parity). */
@@ -140,28 +141,14 @@ static tcc_result_t stage_barrier(tcc_comm_t *comm, int64_t deadline_ns, const c
  * small ops whose time the lines' trips are; larger ones are bandwidth. */
 #define PREFETCH_WRITES_MAX_BYTES 4096
 
-/* Asks for the line at p in this CPU's cache, writable (a hint, never a
- * fault). The peer that read it last gives its copy up now, not when the
- * write comes: a write to a line another CPU holds waits for that, and
- * the barrier's arrival store waits for every such write before it. */
-static inline void prefetch_for_write(const char *p) {
-#if defined(__x86_64__)
-  __asm__ volatile("prefetchw %0" ::"m"(*p)); /* a no-op on CPUs without it */
-#else
-  __builtin_prefetch(p, 1, 3);
-#endif
-}
-
 static void prefetch_writes(tcc_comm_t *comm, int parity, size_t bytes) {
   shm_state_t *st = shm_of(comm);
   /* The whole descriptor slot: past its first line lie an all-to-all's
    * count lists and the single-copy block (written by every all-to-all,
    * since its longest stream is not known before the barrier). */
-  const char *slot = (const char *)shm_arrival(st, comm->rank, parity);
-  for (size_t off = 0; off < st->hdr->desc_stride; off += TCC_CACHELINE) prefetch_for_write(slot + off);
-  const char *in = shm_in(st, comm->rank, parity);
-  if (bytes > PREFETCH_WRITES_MAX_BYTES) bytes = PREFETCH_WRITES_MAX_BYTES;
-  for (size_t off = 0; off < bytes; off += TCC_CACHELINE) prefetch_for_write(in + off);
+  tcc__prefetch_write_span(shm_arrival(st, comm->rank, parity), st->hdr->desc_stride);
+  const size_t input = bytes < PREFETCH_WRITES_MAX_BYTES ? bytes : PREFETCH_WRITES_MAX_BYTES;
+  tcc__prefetch_write_span(shm_in(st, comm->rank, parity), input);
 }
 
 /* ---- slot rings --------------------------------------------------------- */
