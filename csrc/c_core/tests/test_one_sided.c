@@ -240,6 +240,41 @@ static void two_roots(tcc_comm_t *comm) {
   CHECK((int64_t)time(NULL) - t0 < 20, "the disagreement took until the timeout: %s", msg);
 }
 
+/* Rank 0's sends to rank 2 wait LATE_SEND_US first: the root scheduled
+ * out between its sends to its two peers, which 3 ranks on 2 CPUs do. */
+#define LATE_SEND_US 300000
+static const tcc__stream_ops_t *tcp_streams;
+static ssize_t late_send_to_2(tcc_comm_t *comm, int peer, const void *buf, size_t len) {
+  static int delayed;
+  if (peer == 2 && !delayed++) usleep(LATE_SEND_US);
+  return tcp_streams->send(comm, peer, buf, len);
+}
+
+/* two_roots, rank 0's frame to rank 2 late: rank 1 finds rank 0's frame,
+ * fails and hangs up on rank 2 before rank 2 has rank 0's. Rank 2 must
+ * still name the disagreement, not only rank 1's hang-up (stream_xfer.c,
+ * hang-ups). */
+static void two_roots_one_late(tcc_comm_t *comm) {
+  static struct tcc_transport_ops ops;
+  static tcc__stream_ops_t streams;
+  if (tcc_comm_rank(comm) == 0) {
+    tcp_streams = comm->ops->streams;
+    streams = *tcp_streams;
+    streams.send = late_send_to_2;
+    ops = *comm->ops;
+    ops.streams = &streams;
+    comm->ops = &ops;
+  }
+  char msg[TCC_ERRLEN];
+  const int me = tcc_comm_rank(comm);
+  int32_t buf[4] = {me, me, me, me};
+  CHECK(RUN(tcc_broadcast(comm, i32_buf(buf, 4), me < 2 ? me : 1, NULL, &op)) == TCC_OK, "rank %d: %s", me, msg);
+  tcc_result_t r = RUN(tcc_barrier(comm, NULL, &op));
+  expect_failed(comm, r, msg, NULL);
+  if (me == 2) CHECK(r == TCC_ERR_MISMATCH && strstr(msg, "root mismatch"), "rank 2: %s (%s)",
+                     tcc_result_string(r), msg);
+}
+
 /* Both ranks think they are the gather's root: both wait to receive, and
  * each reads the other's frame at once. */
 static void two_receivers(tcc_comm_t *comm) {
@@ -373,6 +408,7 @@ int main(void) {
       {"size disagrees", 2, size_disagrees},
       {"two roots", 2, two_roots},
       {"two roots and a receiver", 3, two_roots},
+      {"two roots, one's frame to the receiver late", 3, two_roots_one_late},
       {"two receivers", 2, two_receivers},
       {"another kind of op", 2, other_kind},
       {"one rank past the budget", 2, one_past_budget},

@@ -32,6 +32,9 @@
  * peer's bytes one call later than it could. With more peers one poll is
  * cheaper than a receive per peer. */
 #define DIRECT_LOOK_PEERS 2
+/* How long the other links run on after a peer hangs up, for a cause
+ * still on its way from them (see "hang-ups" below). */
+#define HANGUP_GRACE_NS 1000000000LL
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
@@ -175,13 +178,14 @@ static bool link_done(const stream_xfer_t *x, const stream_link_t *l) {
 
 /* ---- stream I/O ------------------------------------------------------- */
 
-static tcc_result_t peer_failed(const stream_xfer_t *x, int peer, const char *how,
+static tcc_result_t peer_failed(stream_xfer_t *x, int peer, const char *how,
                                 int errnum, tcc_err_t *err) {
   char pre[160];
   tcc__stream_xfer_prefix(x, pre, sizeof(pre));
   /* A reset or an end of stream is how a peer's death shows over TCP, and
    * how a peer whose communicator failed tells the ranks waiting on it. */
-  if (errnum == ECONNRESET || errnum == EPIPE || errnum == 0)
+  x->hangup_seen = errnum == ECONNRESET || errnum == EPIPE || errnum == 0;
+  if (x->hangup_seen)
     return tcc__err_set(err, TCC_ERR_REMOTE,
                        "%s: the connection to rank %d %s during %s (its process exited, or its "
                        "communicator failed or was destroyed)", pre, tcc__rank_label(x->comm, peer),
@@ -299,6 +303,47 @@ static tcc_result_t pump_failed(const stream_xfer_t *x, tcc_result_t r, tcc_err_
   return fail_aborted(x, err);
 }
 
+/* ---- hang-ups ----------------------------------------------------------
+ * A peer that resets or closes its stream has died or failed its
+ * communicator, most often for a disagreement it found in another rank's
+ * frames. The frames that show this rank the same disagreement may still
+ * be on their way from that other rank: with 3 ranks on 2 CPUs a root can
+ * be scheduled out between its sends to its two peers, and the first one
+ * finds the mismatch and hangs up on the second before the second has its
+ * frame. So the first hang-up is set aside and the other links run on for
+ * up to HANGUP_GRACE_NS: a disagreement found there is the error; once
+ * they are done, or wait only on the peer that hung up, or the grace is
+ * over, the hang-up is. Peers that stay alive send what they owe at once,
+ * and peers that fail too hang up in turn, so the wait is seldom long. */
+typedef struct hangup {
+  int peer; /* the first to hang up; -1: none */
+  int64_t until;
+  tcc_err_t err;
+} hangup_t;
+
+/* `pump` on peer failed with r: a hang-up is set aside (TCC_OK: the link
+ * is left out from now on); anything else ends the transfer. */
+static tcc_result_t set_aside_hangup(stream_xfer_t *x, int peer, tcc_result_t r, hangup_t *h,
+                                     int64_t deadline_ns, tcc_err_t *err) {
+  const bool hangup = r == TCC_ERR_REMOTE && x->hangup_seen;
+  x->hangup_seen = false;
+  if (!hangup) return pump_failed(x, r, err);
+  x->links[peer].hung_up = true;
+  if (h->peer < 0) {
+    h->peer = peer;
+    if (err) h->err = *err;
+    const int64_t until = tcc__now_ns() + HANGUP_GRACE_NS;
+    h->until = until < deadline_ns ? until : deadline_ns;
+  }
+  if (err) tcc__err_reset(err);
+  return TCC_OK;
+}
+
+static tcc_result_t hangup_failed(const stream_xfer_t *x, const hangup_t *h, tcc_err_t *err) {
+  if (err) *err = h->err;
+  return pump_failed(x, TCC_ERR_REMOTE, err);
+}
+
 tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err_t *err) {
   tcc_comm_t *comm = x->comm;
   tcc__coll_scratch_t *sc = coll_scratch_of(comm);
@@ -312,6 +357,7 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
   bool spin_saw_progress = false;
   const int yields = comm->cpu_share.spin_while_away ? 0 : OVERSUBSCRIBED_YIELDS;
   int yields_left = yields;
+  hangup_t hang = {.peer = -1};
   /* What can go out goes before the first poll: a stream's buffer nearly
    * always takes a small op's frames, and a poll to be told so costs a
    * system call as dear as the send (a small op over TCP made 2.6 polls,
@@ -321,7 +367,7 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
     const uint8_t *op;
     if (j == comm->rank || !out_span(x, j, &op)) continue;
     tcc_result_t r = pump(x, j, POLLOUT, &moved, err);
-    if (r != TCC_OK) return pump_failed(x, r, err);
+    if (r != TCC_OK && (r = set_aside_hangup(x, j, r, &hang, deadline_ns, err)) != TCC_OK) return r;
   }
   for (;;) {
     while (reducer_ready(x)) {
@@ -329,10 +375,10 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
       moved = true;
     }
     int npeers = 0;
-    bool all_done = x->red.done_seg == x->red.nseg;
+    bool links_done = true;
     for (int j = 0; j < comm->size; j++) {
-      if (j == comm->rank || link_done(x, &x->links[j])) continue;
-      all_done = false;
+      if (j == comm->rank || x->links[j].hung_up || link_done(x, &x->links[j])) continue;
+      links_done = false;
       const uint8_t *op;
       uint8_t *ip;
       short ev = (short)((out_span(x, j, &op) ? POLLOUT : 0) | (in_span(x, j, &ip) ? POLLIN : 0));
@@ -340,7 +386,7 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
       sc->poll_peers[npeers] = j;
       sc->poll_events[npeers++] = ev;
     }
-    if (all_done) return TCC_OK;
+    if (links_done && hang.peer < 0 && x->red.done_seg == x->red.nseg) return TCC_OK;
     if (!moved && x->before_wait) {
       void (*hook)(stream_xfer_t *) = x->before_wait;
       x->before_wait = NULL;
@@ -348,9 +394,11 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
       moved = true; /* what it gave the links goes out at the next look */
       continue;
     }
+    if (hang.peer >= 0 && (links_done || npeers == 0)) return hangup_failed(x, &hang, err);
     if (atomic_load(&comm->aborted)) return fail_aborted(x, err);
     int64_t now = tcc__now_ns();
-    if (now >= deadline_ns) return fail_timeout(x, err);
+    const int64_t until = hang.peer >= 0 ? hang.until : deadline_ns;
+    if (now >= until) return hang.peer >= 0 ? hangup_failed(x, &hang, err) : fail_timeout(x, err);
     if (npeers == 0) {
       char pre[160];
       tcc__stream_xfer_prefix(x, pre, sizeof(pre));
@@ -358,7 +406,7 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
                          x->phase);
     }
     /* Rounded up without adding to deadline_ns, which may be INT64_MAX. */
-    int64_t left_ms = (deadline_ns - now - 1) / 1000000 + 1;
+    int64_t left_ms = (until - now - 1) / 1000000 + 1;
     if (spin && now >= spin_until) {
       spin = false;
       if (!spin_saw_progress) tcc__spin_gate_missed(&sc->spin_gate);
@@ -373,8 +421,9 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
     if (look_only && npeers <= DIRECT_LOOK_PEERS) {
       moved = false;
       for (int i = 0; i < npeers; i++) {
-        tcc_result_t r = pump(x, sc->poll_peers[i], sc->poll_events[i], &moved, err);
-        if (r != TCC_OK) return pump_failed(x, r, err);
+        const int j = sc->poll_peers[i];
+        tcc_result_t r = pump(x, j, sc->poll_events[i], &moved, err);
+        if (r != TCC_OK && (r = set_aside_hangup(x, j, r, &hang, deadline_ns, err)) != TCC_OK) return r;
       }
       spin_saw_progress |= spin && moved;
       continue;
@@ -390,8 +439,9 @@ tcc_result_t tcc__stream_xfer_run(stream_xfer_t *x, int64_t deadline_ns, tcc_err
       if (rev & POLLNVAL)
         return tcc__err_set(err, TCC_ERR_SYSTEM, "%s: the stream to rank %d is closed", comm->ops->name,
                            sc->poll_peers[i]);
-      tcc_result_t r = pump(x, sc->poll_peers[i], rev, &moved, err);
-      if (r != TCC_OK) return pump_failed(x, r, err);
+      const int j = sc->poll_peers[i];
+      tcc_result_t r = pump(x, j, rev, &moved, err);
+      if (r != TCC_OK && (r = set_aside_hangup(x, j, r, &hang, deadline_ns, err)) != TCC_OK) return r;
     }
     spin_saw_progress |= spin && moved;
   }

@@ -24,6 +24,7 @@ typedef struct stream_link {
   uint8_t *in_ptr;
   size_t in_raw, in_done;
   bool in_closed; /* with a continuation (stream_xfer_t.in_next): it said no more */
+  bool hung_up;   /* the peer reset or closed its stream (stream_xfer.c: hang-ups) */
 } stream_link_t;
 
 /* Reduces this rank's chunk in pipeline segments: segment k is reduced as
@@ -65,6 +66,7 @@ struct stream_xfer {
    * not done, before it waits in any way: it may give links more to send
    * (out_pre). NULL: none. */
   void (*before_wait)(stream_xfer_t *x);
+  bool hangup_seen; /* the last failure was a peer's reset or end of stream */
 };
 
 /* Moves every link's bytes (and runs the reducer) until all are done, the
