@@ -7,6 +7,7 @@ one host.
     python bench/bench_layers.py --busy 1        # one core kept busy meanwhile
     python bench/bench_layers.py --cpus 1        # every rank confined to one CPU
     python bench/bench_layers.py --op p2p        # send/recv round trips instead
+    python bench/bench_layers.py --cold 2M       # every call after 2 MiB streamed through the caches
 
 Layers, each timed in the conventions of bench/bench_collectives.py
 (warm-up, then the median of 5 batches of the slowest rank's time per call):
@@ -36,6 +37,14 @@ point-to-point op; the core's row is bench_latency's round trip (2 shm p2p).
 or a data loader would) for the whole measurement, the core's included:
 how waiting holds up when cores are shared.
 
+--cold BYTES copies that many bytes (a torch copy_ between two buffers of
+half that size) before every call, outside the clock, which then times each
+call alone: how each layer runs when a large op's data has just streamed
+through the CPU's caches and pushed its code and data out, as in a loop of
+1 MiB collectives. floor is a purely local pair of ops: its growth is torch's
+own cold-cache cost, with no peer to wait for. The core's row is left out
+(bench_latency has no such mode).
+
 --cpus K confines every rank, and the core's program, to the first K CPUs
 this process may use, as a container's CPU set, taskset or a batch
 system's binding would: fewer CPUs than ranks means each op hands a CPU
@@ -53,6 +62,7 @@ import sys
 import time
 
 from _local_ranks import run_ranks
+from bench_collectives import parse_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = os.path.join(ROOT, "csrc", "c_core")
@@ -114,7 +124,7 @@ def p2p_layers(rank, comm, pg, backend, gloo):
     return [(name, call, make_input, 1.0) for name, call in layers]
 
 
-def rank_main(rank: int, world: int, calls: int, out_path: str, op: str) -> None:
+def rank_main(rank: int, world: int, calls: int, out_path: str, op: str, cold: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -160,6 +170,24 @@ def rank_main(rank: int, world: int, calls: int, out_path: str, op: str) -> None
     def own_value():
         return torch.full((2,), float(rank + 1))
 
+    half = max(1, cold // 8)  # float32 elements of each of the two buffers
+    cold_src, cold_dst = torch.ones(half), torch.empty(half)
+
+    def timed(call, inputs, outputs) -> float:
+        """Seconds of the calls alone."""
+        if not cold:
+            start = time.perf_counter()
+            for i, t in enumerate(inputs):
+                outputs[i] = call(t)  # funcol's result is a new tensor
+            return time.perf_counter() - start
+        total = 0.0
+        for i, t in enumerate(inputs):
+            cold_dst.copy_(cold_src)  # streams `cold` bytes through the caches
+            start = time.perf_counter()
+            outputs[i] = call(t)
+            total += time.perf_counter() - start
+        return total
+
     rows = []
     layers = [("torchcomm", torchcomm, own_value, want), ("funcol", funcol, own_value, want),
               ("c10d", c10d, own_value, want), ("pg", pg_call, own_value, want),
@@ -177,10 +205,7 @@ def rank_main(rank: int, world: int, calls: int, out_path: str, op: str) -> None
             dist.barrier(group=gloo)
             inputs = [make_input() for _ in range(n)]  # made outside the clock
             outputs = [None] * n
-            start = time.perf_counter()
-            for i, t in enumerate(inputs):
-                outputs[i] = call(t)  # funcol's result is a new tensor
-            elapsed = (time.perf_counter() - start) / n * 1e6
+            elapsed = timed(call, inputs, outputs) / n * 1e6
             assert all(t[0].item() == want for t in outputs[:: max(1, n // 100)]), name
             slowest = torch.tensor([elapsed], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=gloo)
@@ -202,6 +227,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20000, help="calls per batch (gloo: a tenth)")
     ap.add_argument("--csv", help="also write the table here")
     ap.add_argument("--busy", type=int, default=0, help="processes that keep a core busy meanwhile (default 0)")
+    ap.add_argument("--cold", type=parse_bytes, default=0,
+                    help="bytes streamed through the caches before every call, outside the clock (default 0)")
     ap.add_argument("--cpus", type=int, default=0,
                     help="confine the ranks (and the busy processes) to the first K CPUs allowed (default: all)")
     args = ap.parse_args()
@@ -227,10 +254,10 @@ def measure(args: argparse.Namespace) -> None:
     out = os.path.join(ROOT, "bench", "results", f"layers.w{args.world}.tmp")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     if not run_ranks(args.world, lambda rank: [__file__, "--rank", str(rank), str(args.world), str(args.calls), out,
-                                               args.op]):
+                                               args.op, str(args.cold)]):
         sys.exit("bench_layers: a rank failed")
-    core = core_time(args.world, args.op)
-    rows = [("core", core, [])]
+    core = None if args.cold else core_time(args.world, args.op)
+    rows = [] if args.cold else [("core", core, [])]
     with open(out) as f:
         for line in f:
             name, med, batches = line.strip().split(",")
@@ -239,22 +266,25 @@ def measure(args: argparse.Namespace) -> None:
 
     load = f", {args.busy} core(s) kept busy by other processes" if args.busy else ""
     load += f", on {args.cpus} CPU(s)"
+    if args.cold:
+        load += f", {args.cold} bytes through the caches before each call"
     what, per = ("8 B send/recv round trip", "round trip") if args.op == "p2p" else ("8 B all_reduce", "call")
     lines = [f"{what}, {args.world} ranks on one host{load}, us per {per} (median of {BATCHES} batches,"
              f" slowest rank)", f"{'layer':<10} {'us':>8} {'above core':>11}  batches"]
     for name, med, batches in rows:
-        above = "" if name == "core" else f"{med - core:+.2f}"
+        above = "" if core is None or name == "core" else f"{med - core:+.2f}"
         lines.append(f"{name:<10} {med:8.2f} {above:>11}  {' '.join(f'{b:.2f}' for b in batches)}")
     print("\n".join(lines))
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("layer,op,world,busy,cpus,us_per_call,us_above_core\n")
+            f.write("layer,op,world,busy,cpus,cold_bytes,us_per_call,us_above_core\n")
             for name, med, _ in rows:
-                f.write(f"{name},{args.op},{args.world},{args.busy},{args.cpus},{med:.3f},{med - core:.3f}\n")
+                above = "" if core is None else f"{med - core:.3f}"
+                f.write(f"{name},{args.op},{args.world},{args.busy},{args.cpus},{args.cold},{med:.3f},{above}\n")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
-        rank_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
+        rank_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], int(sys.argv[7]))
     else:
         main()

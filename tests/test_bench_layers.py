@@ -26,24 +26,32 @@ LAYERS = {
 }
 
 
-@pytest.mark.parametrize("op,busy,cpus", [("allreduce", 0, 0), ("allreduce", 1, 0), ("allreduce", 0, 1), ("p2p", 0, 0)])
-def test_every_layer_is_measured_and_reported(op, busy, cpus):
+@pytest.mark.parametrize("op,busy,cpus,cold", [("allreduce", 0, 0, 0), ("allreduce", 1, 0, 0), ("allreduce", 0, 1, 0),
+                                               ("p2p", 0, 0, 0), ("allreduce", 0, 0, 1 << 20)])
+def test_every_layer_is_measured_and_reported(op, busy, cpus, cold):
     with tempfile.TemporaryDirectory() as tmp:
         out_csv = os.path.join(tmp, "layers.csv")
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_layers.py"), "--calls", "200",
-                               "--csv", out_csv, "--busy", str(busy), "--op", op, "--cpus", str(cpus)],
+                               "--csv", out_csv, "--busy", str(busy), "--op", op, "--cpus", str(cpus),
+                               "--cold", "1M" if cold else "0"],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         with open(out_csv) as f:
             rows = list(csv.DictReader(f))
     layers = [r["layer"] for r in rows]
-    assert layers == LAYERS[op], layers
+    # With --cold the C program's row is left out (it has no such mode).
+    assert layers == LAYERS[op][1 if cold else 0:], layers
     assert ("round trip" in proc.stdout.splitlines()[0]) == (op == "p2p"), proc.stdout
-    core = float(rows[0]["us_per_call"])
+    core = None if cold else float(rows[0]["us_per_call"])
     for r in rows:
         assert r["op"] == op and r["world"] == "2" and r["busy"] == str(busy) and float(r["us_per_call"]) > 0, r
         assert r["cpus"] == str(cpus or len(os.sched_getaffinity(0))), r
-        assert abs(float(r["us_above_core"]) - (float(r["us_per_call"]) - core)) < 1e-2, r
+        assert r["cold_bytes"] == str(cold), r
+        if cold:
+            assert r["us_above_core"] == "", r
+        else:
+            assert abs(float(r["us_above_core"]) - (float(r["us_per_call"]) - core)) < 1e-2, r
+    assert (f"{cold} bytes through the caches before each call" in proc.stdout) == bool(cold), proc.stdout
     assert ("core(s) kept busy" in proc.stdout) == bool(busy), proc.stdout
     assert f"on {cpus or len(os.sched_getaffinity(0))} CPU(s)" in proc.stdout.splitlines()[0], proc.stdout
     for layer in layers:

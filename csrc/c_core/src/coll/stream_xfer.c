@@ -304,17 +304,18 @@ static tcc_result_t pump_failed(const stream_xfer_t *x, tcc_result_t r, tcc_err_
 }
 
 /* ---- hang-ups ----------------------------------------------------------
- * A peer that resets or closes its stream has died or failed its
- * communicator, most often for a disagreement it found in another rank's
- * frames. The frames that show this rank the same disagreement may still
- * be on their way from that other rank: with 3 ranks on 2 CPUs a root can
- * be scheduled out between its sends to its two peers, and the first one
- * finds the mismatch and hangs up on the second before the second has its
- * frame. So the first hang-up is set aside and the other links run on for
- * up to HANGUP_GRACE_NS: a disagreement found there is the error; once
- * they are done, or wait only on the peer that hung up, or the grace is
- * over, the hang-up is. Peers that stay alive send what they owe at once,
- * and peers that fail too hang up in turn, so the wait is seldom long. */
+ * A peer that resets or closes its stream during a frame exchange has
+ * died or failed its communicator, most often for a disagreement it found
+ * in another rank's frames. The frames that show this rank the same
+ * disagreement may still be on their way from that other rank: with 3
+ * ranks on 2 CPUs a root can be scheduled out between its sends to its two
+ * peers, and the first one finds the mismatch and hangs up on the second
+ * before the second has its frame. So the first hang-up is set aside and
+ * the other links run on for up to HANGUP_GRACE_NS: a disagreement found
+ * there is the error; once they are done, or wait only on the peer that
+ * hung up, or the grace is over, the hang-up is. Peers that stay alive
+ * send their frames at once, and peers that fail too hang up in turn, so
+ * the wait is seldom long. */
 typedef struct hangup {
   int peer; /* the first to hang up; -1: none */
   int64_t until;
@@ -325,7 +326,10 @@ typedef struct hangup {
  * is left out from now on); anything else ends the transfer. */
 static tcc_result_t set_aside_hangup(stream_xfer_t *x, int peer, tcc_result_t r, hangup_t *h,
                                      int64_t deadline_ns, tcc_err_t *err) {
-  const bool hangup = r == TCC_ERR_REMOTE && x->hangup_seen;
+  /* Only frames (x->in_next) can show a disagreement: in a data phase the
+   * ranks agreed already, and what the others owe may wait on the peer
+   * that hung up. */
+  const bool hangup = r == TCC_ERR_REMOTE && x->hangup_seen && x->in_next;
   x->hangup_seen = false;
   if (!hangup) return pump_failed(x, r, err);
   x->links[peer].hung_up = true;
