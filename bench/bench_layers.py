@@ -41,9 +41,10 @@ how waiting holds up when cores are shared.
 half that size) before every call, outside the clock, which then times each
 call alone: how each layer runs when a large op's data has just streamed
 through the CPU's caches and pushed its code and data out, as in a loop of
-1 MiB collectives. floor is a purely local pair of ops: its growth is torch's
-own cold-cache cost, with no peer to wait for. The core's row is left out
-(bench_latency has no such mode).
+1 MiB collectives or the compute between two collectives. floor is a purely
+local pair of ops: its growth is torch's own cold-cache cost, with no peer
+to wait for. The core's row is bench_latency's same mode (`cold BYTES`).
+All-reduce only.
 
 --cpus K confines every rank, and the core's program, to the first K CPUs
 this process may use, as a container's CPU set, taskset or a batch
@@ -75,13 +76,15 @@ def start_busy(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-def core_time(world: int, op: str) -> float:
+def core_time(world: int, op: str, cold: int) -> float:
     """Median microseconds per call (per round trip for p2p) of the C program
     (one line it prints)."""
     exe = os.path.join(CORE, "build", "bench_latency")
     subprocess.run(["make", "-s", "-C", CORE, "build/bench_latency"], check=True)
     what = "p2p" if op == "p2p" else "allreduce"
-    out = subprocess.run([exe, str(world), "shm", what], check=True, capture_output=True, text=True).stdout
+    cold_args = ["cold", str(cold)] if cold else []
+    out = subprocess.run([exe, str(world), "shm", what] + cold_args, check=True, capture_output=True,
+                         text=True).stdout
     m = re.search(r"median ([0-9.]+) us", out)
     if not m:
         raise RuntimeError(f"bench_latency printed no median:\n{out}")
@@ -234,6 +237,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.op == "p2p" and args.world != 2:
         ap.error("--op p2p takes 2 ranks (--world 2)")
+    if args.op == "p2p" and args.cold:
+        ap.error("--cold times all_reduce only")
     allowed = sorted(os.sched_getaffinity(0))
     if args.cpus < 0 or args.cpus > len(allowed):
         ap.error(f"--cpus takes 1 to {len(allowed)} (the CPUs this process may use)")
@@ -256,8 +261,8 @@ def measure(args: argparse.Namespace) -> None:
     if not run_ranks(args.world, lambda rank: [__file__, "--rank", str(rank), str(args.world), str(args.calls), out,
                                                args.op, str(args.cold)]):
         sys.exit("bench_layers: a rank failed")
-    core = None if args.cold else core_time(args.world, args.op)
-    rows = [] if args.cold else [("core", core, [])]
+    core = core_time(args.world, args.op, args.cold)
+    rows = [("core", core, [])]
     with open(out) as f:
         for line in f:
             name, med, batches = line.strip().split(",")
@@ -272,15 +277,14 @@ def measure(args: argparse.Namespace) -> None:
     lines = [f"{what}, {args.world} ranks on one host{load}, us per {per} (median of {BATCHES} batches,"
              f" slowest rank)", f"{'layer':<10} {'us':>8} {'above core':>11}  batches"]
     for name, med, batches in rows:
-        above = "" if core is None or name == "core" else f"{med - core:+.2f}"
+        above = "" if name == "core" else f"{med - core:+.2f}"
         lines.append(f"{name:<10} {med:8.2f} {above:>11}  {' '.join(f'{b:.2f}' for b in batches)}")
     print("\n".join(lines))
     if args.csv:
         with open(args.csv, "w") as f:
             f.write("layer,op,world,busy,cpus,cold_bytes,us_per_call,us_above_core\n")
             for name, med, _ in rows:
-                above = "" if core is None else f"{med - core:.3f}"
-                f.write(f"{name},{args.op},{args.world},{args.busy},{args.cpus},{args.cold},{med:.3f},{above}\n")
+                f.write(f"{name},{args.op},{args.world},{args.busy},{args.cpus},{args.cold},{med:.3f},{med - core:.3f}\n")
 
 
 if __name__ == "__main__":

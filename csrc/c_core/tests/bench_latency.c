@@ -4,7 +4,7 @@
  * tcc_op_release, no torch. The floor under every layer above it
  * (bench/bench_layers.py prints it next to them).
  *
- * Usage: bench_latency [ranks] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p]
+ * Usage: bench_latency [ranks] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p] [cold BYTES]
  *        (default: 2 shm allreduce)
  * Prints one line per batch on rank 0, then
  *   "core 8 B <op>, <n> ranks, <transport>: median <us> us per call"
@@ -16,11 +16,16 @@
  * p2p (2 ranks): round trips of 8 bytes, rank 0 sends and receives the
  * reply, rank 1 receives and sends it back plus one; each reply checked.
  *   "core 8 B send/recv round trip, 2 ranks, <transport>: median <us> us"
+ * cold BYTES (collectives): before every call each rank copies BYTES (half
+ * that size from one buffer to another) outside the clock, which then times
+ * each call alone: the op on caches a large op's data has just gone
+ * through (bench/bench_layers.py --cold).
  * Transport "hybrid" (p2p only): 4 ranks on 2 simulated hosts (ranks 2h
  * and 2h+1 on host h); ranks 0 and 1, of one host, take the round trips
  * while the others leave.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "bench_median.h"
 #include "check.h"
@@ -119,6 +124,13 @@ static void bench_p2p(tcc_comm_t *comm) {
 }
 
 static coll_op_t bench_op; /* set before the ranks fork */
+static size_t cold_bytes;  /* likewise */
+
+/* Pushes the caches' contents out: cold_bytes copied through them. */
+static void go_cold(char *from, char *to) {
+  memcpy(to, from, cold_bytes / 2);
+  __asm__ __volatile__("" ::: "memory"); /* the copy is not left out */
+}
 
 static void bench(tcc_comm_t *comm) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
@@ -126,23 +138,33 @@ static void bench(tcc_comm_t *comm) {
   const char *name = coll_names[what];
   static blocks_t b;
   double per_call[BATCHES];
+  char *cold = cold_bytes ? malloc(cold_bytes) : NULL;
+  CHECK(!cold_bytes || cold, "out of memory");
+  if (cold) memset(cold, 1, cold_bytes);
   for (int i = 0; i < WARMUP; i++) CHECK(coll_once(comm, what, &b, i), "warm-up %s %d gave a wrong result", name, i);
   for (int k = 0; k < BATCHES; k++) {
     CHECK(coll_once(comm, what, &b, 0), "%s lining the ranks up", name); /* before each batch */
-    const int64_t start = tcc__now_ns();
+    int64_t start = tcc__now_ns(), spent = 0;
     for (int i = 0; i < CALLS; i++) {
+      if (cold) {
+        go_cold(cold, cold + cold_bytes / 2);
+        start = tcc__now_ns();
+      }
       if (!coll_once(comm, what, &b, i)) {
         CHECK(0, "%s %d of batch %d failed or gave a wrong result", name, i, k);
         return;
       }
+      if (cold) spent += tcc__now_ns() - start;
     }
-    per_call[k] = (double)(tcc__now_ns() - start) / CALLS / 1000.0;
+    if (!cold) spent = tcc__now_ns() - start;
+    per_call[k] = (double)spent / CALLS / 1000.0;
     if (me == 0) printf("batch %d: %.2f us per call\n", k, per_call[k]);
   }
   if (me == 0)
     printf("core 8 B %s, %d ranks, %s: median %.2f us per call\n", name, n, tcc_comm_transport_name(comm),
            median(per_call, BATCHES));
   fflush(stdout);
+  free(cold);
 }
 
 int main(int argc, char **argv) {
@@ -150,12 +172,15 @@ int main(int argc, char **argv) {
   const char *transport = argc > 2 ? argv[2] : "shm";
   const char *what = argc > 3 ? argv[3] : "allreduce";
   const int p2p = strcmp(what, "p2p") == 0, hybrid = strcmp(transport, "hybrid") == 0;
+  const int cold_ok = argc <= 4 || (argc == 6 && strcmp(argv[4], "cold") == 0 && atoll(argv[5]) > 0);
+  if (argc == 6) cold_bytes = (size_t)atoll(argv[5]);
   int coll = -1;
   for (int k = 0; k < COLL_KINDS; k++)
     if (strcmp(what, coll_names[k]) == 0) coll = k;
   if (n < 1 || n > TCC_MAX_BENCH_RANKS || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0 && !hybrid) ||
-      (!p2p && coll < 0) || (p2p && n != (hybrid ? 4 : 2)) || (hybrid && !p2p)) {
-    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p (2 ranks)]\n"
+      (!p2p && coll < 0) || (p2p && n != (hybrid ? 4 : 2)) || (hybrid && !p2p) || !cold_ok || (p2p && cold_bytes)) {
+    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p (2 ranks)]"
+                    " [cold BYTES (collectives)]\n"
                     "       bench_latency 4 hybrid p2p\n");
     return 2;
   }
