@@ -21,6 +21,7 @@
  *    thread while a receiver waits: an error naming the cause;
  *  - TCCOMM_STREAM_ONE_SIDED=0: every rank waits again.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -240,14 +241,26 @@ static void two_roots(tcc_comm_t *comm) {
   CHECK((int64_t)time(NULL) - t0 < 20, "the disagreement took until the timeout: %s", msg);
 }
 
-/* Rank 0's sends to rank 2 wait LATE_SEND_US first: the root scheduled
- * out between its sends to its two peers, which 3 ranks on 2 CPUs do. */
-#define LATE_SEND_US 300000
+/* Rank 0's first send to rank 2 waits LATE_SEND_US: the root scheduled
+ * out between its sends to its two peers, which 3 ranks on 2 CPUs do. And
+ * rank 2 finds rank 1's stream reset from its barrier on, as when rank 1
+ * failed and closed it with rank 2's bytes unread: whether a real reset
+ * reaches rank 2 before it has read rank 1's frame is a race. */
+#define LATE_SEND_US 100000
 static const tcc__stream_ops_t *tcp_streams;
+static bool rank1_gone;
 static ssize_t late_send_to_2(tcc_comm_t *comm, int peer, const void *buf, size_t len) {
   static int delayed;
   if (peer == 2 && !delayed++) usleep(LATE_SEND_US);
   return tcp_streams->send(comm, peer, buf, len);
+}
+static ssize_t send_but_1_gone(tcc_comm_t *comm, int peer, const void *buf, size_t len) {
+  if (peer == 1 && rank1_gone) return errno = ECONNRESET, -1;
+  return tcp_streams->send(comm, peer, buf, len);
+}
+static ssize_t recv_but_1_gone(tcc_comm_t *comm, int peer, void *buf, size_t len) {
+  if (peer == 1 && rank1_gone) return errno = ECONNRESET, -1;
+  return tcp_streams->recv(comm, peer, buf, len);
 }
 
 /* two_roots, rank 0's frame to rank 2 late: rank 1 finds rank 0's frame,
@@ -257,18 +270,20 @@ static ssize_t late_send_to_2(tcc_comm_t *comm, int peer, const void *buf, size_
 static void two_roots_one_late(tcc_comm_t *comm) {
   static struct tcc_transport_ops ops;
   static tcc__stream_ops_t streams;
-  if (tcc_comm_rank(comm) == 0) {
+  const int me = tcc_comm_rank(comm);
+  if (me != 1) {
     tcp_streams = comm->ops->streams;
     streams = *tcp_streams;
-    streams.send = late_send_to_2;
+    if (me == 0) streams.send = late_send_to_2;
+    else streams.send = send_but_1_gone, streams.recv = recv_but_1_gone;
     ops = *comm->ops;
     ops.streams = &streams;
     comm->ops = &ops;
   }
   char msg[TCC_ERRLEN];
-  const int me = tcc_comm_rank(comm);
   int32_t buf[4] = {me, me, me, me};
   CHECK(RUN(tcc_broadcast(comm, i32_buf(buf, 4), me < 2 ? me : 1, NULL, &op)) == TCC_OK, "rank %d: %s", me, msg);
+  rank1_gone = me == 2;
   tcc_result_t r = RUN(tcc_barrier(comm, NULL, &op));
   expect_failed(comm, r, msg, NULL);
   if (me == 2) CHECK(r == TCC_ERR_MISMATCH && strstr(msg, "root mismatch"), "rank 2: %s (%s)",

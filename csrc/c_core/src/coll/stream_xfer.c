@@ -33,8 +33,10 @@
  * cheaper than a receive per peer. */
 #define DIRECT_LOOK_PEERS 2
 /* How long the other links run on after a peer hangs up, for a cause
- * still on its way from them (see "hang-ups" below). */
-#define HANGUP_GRACE_NS 1000000000LL
+ * still on its way from them (see "hang-ups" below): far longer than a
+ * rank is scheduled out, well inside the 2 s in which the survivors of a
+ * killed rank must fail (README, test_fault_injection.py). */
+#define HANGUP_GRACE_NS 500000000LL
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
