@@ -26,7 +26,14 @@ Layers, each timed in the conventions of bench/bench_collectives.py
             it): what torch itself costs for the two op calls funcol makes,
             the lowest a backend's funcol time can be
 Each layer's "above core" column is its time minus the core's: what the
-layers above the core add. Every result is checked.
+layers above the core add. Every result is checked. "cpu us" is the CPU
+time a rank's process used per call over the batch (all its threads: the
+caller's and the backend's), "switches" its context switches per call
+(voluntary and involuntary), both the mean over the ranks: where ranks
+share CPUs (--world 4 on 2 CPUs, --busy, --cpus) the time per call is
+bounded by the CPU all ranks need for one call, and these show how much
+each needs and how often the CPUs changed hands. Not measured with
+--cold (the copies between the calls would count).
 
 --op p2p times 8-byte send/recv round trips between 2 ranks instead (rank 0
 sends and receives the echo, rank 1 receives and sends it back; both check
@@ -57,6 +64,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -125,6 +133,14 @@ def p2p_layers(rank, comm, pg, backend, gloo):
         ("gloo", round_trip(lambda t: dist.send(t, peer, group=gloo), lambda t: dist.recv(t, peer, group=gloo))),
     ]
     return [(name, call, make_input, 1.0) for name, call in layers]
+
+
+def process_spent() -> tuple[float, int]:
+    """CPU seconds this process has used so far, all its threads (the
+    caller's and the backend's), and the context switches they made
+    (voluntary and involuntary)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.process_time(), usage.ru_nvcsw + usage.ru_nivcsw
 
 
 def rank_main(rank: int, world: int, calls: int, out_path: str, op: str, cold: int) -> None:
@@ -203,21 +219,29 @@ def rank_main(rank: int, world: int, calls: int, out_path: str, op: str, cold: i
         for _ in range(WARMUP // (10 if name == "gloo" else 1)):
             got = call(make_input())
             assert got[0].item() == want, (name, got)
-        batches = []
+        batches, cpu, switches = [], [], []
         for _ in range(BATCHES):
             dist.barrier(group=gloo)
             inputs = [make_input() for _ in range(n)]  # made outside the clock
             outputs = [None] * n
+            spent_before = process_spent()
             elapsed = timed(call, inputs, outputs) / n * 1e6
+            spent = [(a - b) / n for a, b in zip(process_spent(), spent_before)]
             assert all(t[0].item() == want for t in outputs[:: max(1, n // 100)]), name
             slowest = torch.tensor([elapsed], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=gloo)
             batches.append(slowest.item())
-        rows.append((name, statistics.median(batches), batches))
+            per_rank = torch.tensor([spent[0] * 1e6, spent[1]], dtype=torch.float64)
+            dist.all_reduce(per_rank, op=dist.ReduceOp.SUM, group=gloo)
+            cpu.append(per_rank[0].item() / world)
+            switches.append(per_rank[1].item() / world)
+        rows.append((name, statistics.median(batches), batches, statistics.median(cpu), statistics.median(switches)))
     if rank == 0:
         with open(out_path, "w") as f:
-            for name, med, batches in rows:
-                f.write(f"{name},{med:.3f},{';'.join(f'{b:.3f}' for b in batches)}\n")
+            for name, med, batches, cpu_us, switched in rows:
+                # A cold batch's process counts take in the copies between the calls.
+                usage = ",," if cold else f",{cpu_us:.3f},{switched:.3f}"
+                f.write(f"{name},{med:.3f},{';'.join(f'{b:.3f}' for b in batches)}{usage}\n")
     comm.finalize()
     dist.destroy_process_group()
 
@@ -262,11 +286,11 @@ def measure(args: argparse.Namespace) -> None:
                                                args.op, str(args.cold)]):
         sys.exit("bench_layers: a rank failed")
     core = core_time(args.world, args.op, args.cold)
-    rows = [("core", core, [])]
+    rows = [("core", core, [], "", "")]
     with open(out) as f:
         for line in f:
-            name, med, batches = line.strip().split(",")
-            rows.append((name, float(med), [float(b) for b in batches.split(";")]))
+            name, med, batches, cpu, switches = line.strip().split(",")
+            rows.append((name, float(med), [float(b) for b in batches.split(";")], cpu, switches))
     os.remove(out)
 
     load = f", {args.busy} core(s) kept busy by other processes" if args.busy else ""
@@ -275,16 +299,23 @@ def measure(args: argparse.Namespace) -> None:
         load += f", {args.cold} bytes through the caches before each call"
     what, per = ("8 B send/recv round trip", "round trip") if args.op == "p2p" else ("8 B all_reduce", "call")
     lines = [f"{what}, {args.world} ranks on one host{load}, us per {per} (median of {BATCHES} batches,"
-             f" slowest rank)", f"{'layer':<10} {'us':>8} {'above core':>11}  batches"]
-    for name, med, batches in rows:
+             f" slowest rank)", f"{'layer':<10} {'us':>8} {'above core':>11} {'cpu us':>8} {'switches':>8}  batches"]
+    for name, med, batches, cpu, switches in rows:
         above = "" if name == "core" else f"{med - core:+.2f}"
-        lines.append(f"{name:<10} {med:8.2f} {above:>11}  {' '.join(f'{b:.2f}' for b in batches)}")
+        cpu_text = f"{float(cpu):.2f}" if cpu else ""
+        switch_text = f"{float(switches):.2f}" if switches else ""
+        lines.append(f"{name:<10} {med:8.2f} {above:>11} {cpu_text:>8} {switch_text:>8}  "
+                     f"{' '.join(f'{b:.2f}' for b in batches)}")
+    if not args.cold:
+        lines.append(f"cpu us: CPU time per {per} of each rank's process (every thread), switches: its context "
+                     f"switches per {per}; both the mean over ranks")
     print("\n".join(lines))
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("layer,op,world,busy,cpus,cold_bytes,us_per_call,us_above_core\n")
-            for name, med, _ in rows:
-                f.write(f"{name},{args.op},{args.world},{args.busy},{args.cpus},{args.cold},{med:.3f},{med - core:.3f}\n")
+            f.write("layer,op,world,busy,cpus,cold_bytes,us_per_call,us_above_core,cpu_us_per_call,switches_per_call\n")
+            for name, med, _, cpu, switches in rows:
+                f.write(f"{name},{args.op},{args.world},{args.busy},{args.cpus},{args.cold},{med:.3f},{med - core:.3f},"
+                        f"{cpu},{switches}\n")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,11 @@ def test_every_layer_is_measured_and_reported(op, busy, cpus, cold):
         assert r["cpus"] == str(cpus or len(os.sched_getaffinity(0))), r
         assert r["cold_bytes"] == str(cold), r
         assert abs(float(r["us_above_core"]) - (float(r["us_per_call"]) - core)) < 1e-2, r
+        # The C program's row has no process counts, nor has a cold run.
+        if r["layer"] == "core" or cold:
+            assert r["cpu_us_per_call"] == "" and r["switches_per_call"] == "", r
+        else:
+            assert float(r["cpu_us_per_call"]) > 0 and float(r["switches_per_call"]) >= 0, r
     assert (f"{cold} bytes through the caches before each call" in proc.stdout) == bool(cold), proc.stdout
     assert ("core(s) kept busy" in proc.stdout) == bool(busy), proc.stdout
     assert f"on {cpus or len(os.sched_getaffinity(0))} CPU(s)" in proc.stdout.splitlines()[0], proc.stdout
