@@ -173,6 +173,13 @@ void tcc_comm_destroy(tcc_comm_t *comm);
 /* `recvs` / `sends` arrays hold `size` buffers, index = peer rank.
  * Arrays only used on the root may be NULL elsewhere. In-place is allowed
  * where send and recv are the same memory. */
+/* Every op below returns an op handle in *op, to wait on and release.
+ * With op NULL the call is blocking instead: it returns once the op has
+ * finished, with the op's result (its reason in tcc_last_error()), as an
+ * issue followed by tcc_op_wait(op, -1) would. A collective on host memory
+ * then runs in the calling thread whenever nothing issued before it is
+ * still queued, without the op's bookkeeping: what a program that waits at
+ * once should use. */
 
 tcc_result_t tcc_broadcast(tcc_comm_t *comm, tcc_buf_t buf, int root,
                            const tcc_op_opts_t *opts, tcc_op_t **op);

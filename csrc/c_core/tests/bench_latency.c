@@ -4,7 +4,7 @@
  * tcc_op_release, no torch. The floor under every layer above it
  * (bench/bench_layers.py prints it next to them).
  *
- * Usage: bench_latency [ranks] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p] [cold BYTES]
+ * Usage: bench_latency [ranks] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p] [cold BYTES | blocking]
  *        (default: 2 shm allreduce)
  * Prints one line per batch on rank 0, then
  *   "core 8 B <op>, <n> ranks, <transport>: median <us> us per call"
@@ -20,6 +20,8 @@
  * that size from one buffer to another) outside the clock, which then times
  * each call alone: the op on caches a large op's data has just gone
  * through (bench/bench_layers.py --cold).
+ * blocking: every call is a blocking one (no op handle, include/tccomm.h)
+ * instead of an op issued, waited on and released.
  * Transport "hybrid" (p2p only): 4 ranks on 2 simulated hosts (ranks 2h
  * and 2h+1 on host h); ranks 0 and 1, of one host, take the round trips
  * while the others leave.
@@ -52,6 +54,17 @@ static float value_of(coll_op_t what, int from, int to, int i) {
   return (float)((what == OP_ALLTOALL ? from * 16 + to : from + 1) + i % 64);
 }
 
+static bool blocking; /* set before the ranks fork */
+
+/* Waits for and releases op, unless the call was blocking (op NULL). */
+static int finished_ok(tcc_result_t issued, tcc_op_t *op) {
+  if (issued != TCC_OK) return 0;
+  if (!op) return 1;
+  const tcc_result_t r = tcc_op_wait(op, -1);
+  tcc_op_release(op);
+  return r == TCC_OK;
+}
+
 static int coll_once(tcc_comm_t *comm, coll_op_t what, blocks_t *b, int i) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm);
   for (int j = 0; j < n; j++) {
@@ -60,16 +73,13 @@ static int coll_once(tcc_comm_t *comm, coll_op_t what, blocks_t *b, int i) {
     b->sends[j] = (tcc_buf_t){b->in[j], 2, TCC_FLOAT32, -1, NULL};
     b->recvs[j] = (tcc_buf_t){b->out[j], 2, TCC_FLOAT32, -1, NULL};
   }
-  tcc_op_t *op;
+  tcc_op_t *op = NULL, **handle = blocking ? NULL : &op;
   if (what == OP_BROADCAST && me != 0) b->in[0][0] = b->in[0][1] = -1;
-  const tcc_result_t issued = what == OP_ALLREDUCE   ? tcc_allreduce(comm, b->sends[0], b->sends[0], TCC_SUM, NULL, &op)
-                              : what == OP_ALLGATHER ? tcc_allgather(comm, b->sends[0], b->recvs, NULL, &op)
-                              : what == OP_BROADCAST ? tcc_broadcast(comm, b->sends[0], 0, NULL, &op)
-                                                     : tcc_alltoall(comm, b->sends, b->recvs, NULL, &op);
-  if (issued != TCC_OK) return 0;
-  const tcc_result_t r = tcc_op_wait(op, -1);
-  tcc_op_release(op);
-  if (r != TCC_OK) return 0;
+  const tcc_result_t issued = what == OP_ALLREDUCE   ? tcc_allreduce(comm, b->sends[0], b->sends[0], TCC_SUM, NULL, handle)
+                              : what == OP_ALLGATHER ? tcc_allgather(comm, b->sends[0], b->recvs, NULL, handle)
+                              : what == OP_BROADCAST ? tcc_broadcast(comm, b->sends[0], 0, NULL, handle)
+                                                     : tcc_alltoall(comm, b->sends, b->recvs, NULL, handle);
+  if (!finished_ok(issued, op)) return 0;
   if (what == OP_ALLREDUCE) {
     float want = 0;
     for (int j = 0; j < n; j++) want += value_of(what, j, me, i);
@@ -83,12 +93,9 @@ static int coll_once(tcc_comm_t *comm, coll_op_t what, blocks_t *b, int i) {
 
 static int p2p_once(tcc_comm_t *comm, float *x, int send) {
   const tcc_buf_t b = {x, 2, TCC_FLOAT32, -1, NULL};
-  tcc_op_t *op;
+  tcc_op_t *op = NULL, **handle = blocking ? NULL : &op;
   const int peer = 1 - tcc_comm_rank(comm);
-  if ((send ? tcc_send(comm, b, peer, 7, NULL, &op) : tcc_recv(comm, b, peer, 7, NULL, &op)) != TCC_OK) return 0;
-  const tcc_result_t r = tcc_op_wait(op, -1);
-  tcc_op_release(op);
-  return r == TCC_OK;
+  return finished_ok(send ? tcc_send(comm, b, peer, 7, NULL, handle) : tcc_recv(comm, b, peer, 7, NULL, handle), op);
 }
 
 /* One round trip; rank 0 checks the reply is its value plus one. */
@@ -117,7 +124,7 @@ static void bench_p2p(tcc_comm_t *comm) {
     if (me == 0) printf("batch %d: %.2f us per round trip\n", b, per_trip[b]);
   }
   if (me == 0)
-    printf("core 8 B send/recv round trip, ranks 0-1 of %d, %s: median %.2f us\n", tcc_comm_size(comm),
+    printf("core 8 B send/recv round trip%s, ranks 0-1 of %d, %s: median %.2f us\n", blocking ? " (blocking)" : "", tcc_comm_size(comm),
            tcc_comm_transport_name(comm),
            median(per_trip, BATCHES));
   fflush(stdout);
@@ -161,8 +168,8 @@ static void bench(tcc_comm_t *comm) {
     if (me == 0) printf("batch %d: %.2f us per call\n", k, per_call[k]);
   }
   if (me == 0)
-    printf("core 8 B %s, %d ranks, %s: median %.2f us per call\n", name, n, tcc_comm_transport_name(comm),
-           median(per_call, BATCHES));
+    printf("core 8 B %s%s, %d ranks, %s: median %.2f us per call\n", name, blocking ? " (blocking)" : "", n,
+           tcc_comm_transport_name(comm), median(per_call, BATCHES));
   fflush(stdout);
   free(cold);
 }
@@ -172,7 +179,8 @@ int main(int argc, char **argv) {
   const char *transport = argc > 2 ? argv[2] : "shm";
   const char *what = argc > 3 ? argv[3] : "allreduce";
   const int p2p = strcmp(what, "p2p") == 0, hybrid = strcmp(transport, "hybrid") == 0;
-  const int cold_ok = argc <= 4 || (argc == 6 && strcmp(argv[4], "cold") == 0 && atoll(argv[5]) > 0);
+  blocking = argc == 5 && strcmp(argv[4], "blocking") == 0;
+  const int cold_ok = argc <= 4 || blocking || (argc == 6 && strcmp(argv[4], "cold") == 0 && atoll(argv[5]) > 0);
   if (argc == 6) cold_bytes = (size_t)atoll(argv[5]);
   int coll = -1;
   for (int k = 0; k < COLL_KINDS; k++)
@@ -180,7 +188,7 @@ int main(int argc, char **argv) {
   if (n < 1 || n > TCC_MAX_BENCH_RANKS || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0 && !hybrid) ||
       (!p2p && coll < 0) || (p2p && n != (hybrid ? 4 : 2)) || (hybrid && !p2p) || !cold_ok || (p2p && cold_bytes)) {
     fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p (2 ranks)]"
-                    " [cold BYTES (collectives)]\n"
+                    " [cold BYTES (collectives) | blocking]\n"
                     "       bench_latency 4 hybrid p2p\n");
     return 2;
   }

@@ -6,7 +6,7 @@
  *
  * Usage (optional: needs Open MPI's mpicc and mpirun; make build/bench_mpi_pair):
  *   mpirun --allow-run-as-root --oversubscribe -np N --bind-to none --mca btl self,vader \
- *          build/bench_mpi_pair OP MIN_BYTES MAX_BYTES [pairs] [shm|tcp]
+ *          build/bench_mpi_pair OP MIN_BYTES MAX_BYTES [pairs] [shm|tcp] [fresh|cold] [handles]
  * OP: allreduce, allgather, alltoall, broadcast, reduce, reduce_scatter,
  * gather, scatter (rooted ones from rank 0; reductions sum) or pingpong.
  * Sizes go up by 4x; a size is bench_sizes' (and bench_collectives.py's):
@@ -27,6 +27,8 @@
  * rank copies COLD_BYTES through its caches before each call, outside the
  * time measured, as the compute between two collectives of a program
  * does: each library's code and data then come from the far cache.
+ * The core's calls are blocking (no op handle), as Open MPI's are;
+ * `handles` times them as an op issued, then waited on and released.
  */
 #include <mpi.h>
 #include <stdbool.h>
@@ -56,14 +58,22 @@ static int whole_vector(pair_op_t what) {
   return what == OP_ALLREDUCE || what == OP_BROADCAST || what == OP_REDUCE || what == OP_PINGPONG;
 }
 
-static void p2p_core(tcc_comm_t *comm, int send, float *buf, size_t count) {
-  const tcc_buf_t b = {buf, count, TCC_FLOAT32, -1, NULL};
-  const int peer = 1 - tcc_comm_rank(comm);
-  tcc_op_t *op;
-  if ((send ? tcc_send(comm, b, peer, 3, NULL, &op) : tcc_recv(comm, b, peer, 3, NULL, &op)) != TCC_OK) die("issue");
+static bool handles; /* the core's ops issued with a handle, then waited for */
+
+/* Waits for op and releases it, unless the call was blocking (op NULL). */
+static void finish_core(tcc_result_t issued, tcc_op_t *op) {
+  if (issued != TCC_OK) die("issue");
+  if (!op) return;
   const tcc_result_t r = tcc_op_wait(op, -1);
   tcc_op_release(op);
   if (r != TCC_OK) die("wait");
+}
+
+static void p2p_core(tcc_comm_t *comm, int send, float *buf, size_t count) {
+  const tcc_buf_t b = {buf, count, TCC_FLOAT32, -1, NULL};
+  const int peer = 1 - tcc_comm_rank(comm);
+  tcc_op_t *op = NULL, **handle = handles ? &op : NULL;
+  finish_core(send ? tcc_send(comm, b, peer, 3, NULL, handle) : tcc_recv(comm, b, peer, 3, NULL, handle), op);
 }
 
 /* One round trip: rank 0 sends `in` and receives into `out`, rank 1 the other way round. */
@@ -99,23 +109,20 @@ static void run_core(tcc_comm_t *comm, pair_op_t what, float *in, float *out, si
     out_blocks[j] = (tcc_buf_t){out + (size_t)j * per, per, TCC_FLOAT32, -1, NULL};
   }
   const tcc_buf_t all_in = {in, count, TCC_FLOAT32, -1, NULL}, all_out = {out, count, TCC_FLOAT32, -1, NULL};
-  tcc_op_t *op = NULL;
+  tcc_op_t *op = NULL, **handle = handles ? &op : NULL;
   tcc_result_t issued = TCC_ERR_INVALID;
   switch (what) {
-    case OP_ALLREDUCE: issued = tcc_allreduce(comm, all_in, all_in, TCC_SUM, NULL, &op); break;
-    case OP_ALLTOALL: issued = tcc_alltoall(comm, in_blocks, out_blocks, NULL, &op); break;
-    case OP_ALLGATHER: issued = tcc_allgather(comm, in_blocks[0], out_blocks, NULL, &op); break;
-    case OP_BROADCAST: issued = tcc_broadcast(comm, all_in, 0, NULL, &op); break;
-    case OP_REDUCE: issued = tcc_reduce(comm, all_in, all_out, TCC_SUM, 0, NULL, &op); break;
-    case OP_REDUCE_SCATTER: issued = tcc_reduce_scatter(comm, in_blocks, out_blocks[0], TCC_SUM, NULL, &op); break;
-    case OP_GATHER: issued = tcc_gather(comm, in_blocks[0], out_blocks, 0, NULL, &op); break;
-    case OP_SCATTER: issued = tcc_scatter(comm, in_blocks, out_blocks[0], 0, NULL, &op); break;
+    case OP_ALLREDUCE: issued = tcc_allreduce(comm, all_in, all_in, TCC_SUM, NULL, handle); break;
+    case OP_ALLTOALL: issued = tcc_alltoall(comm, in_blocks, out_blocks, NULL, handle); break;
+    case OP_ALLGATHER: issued = tcc_allgather(comm, in_blocks[0], out_blocks, NULL, handle); break;
+    case OP_BROADCAST: issued = tcc_broadcast(comm, all_in, 0, NULL, handle); break;
+    case OP_REDUCE: issued = tcc_reduce(comm, all_in, all_out, TCC_SUM, 0, NULL, handle); break;
+    case OP_REDUCE_SCATTER: issued = tcc_reduce_scatter(comm, in_blocks, out_blocks[0], TCC_SUM, NULL, handle); break;
+    case OP_GATHER: issued = tcc_gather(comm, in_blocks[0], out_blocks, 0, NULL, handle); break;
+    case OP_SCATTER: issued = tcc_scatter(comm, in_blocks, out_blocks[0], 0, NULL, handle); break;
     default: break;
   }
-  if (issued != TCC_OK) die("issue");
-  const tcc_result_t r = tcc_op_wait(op, -1);
-  tcc_op_release(op);
-  if (r != TCC_OK) die("wait");
+  finish_core(issued, op);
 }
 
 static void run_mpi(pair_op_t what, float *in, float *out, size_t count, size_t per) {
@@ -214,13 +221,18 @@ int main(int argc, char **argv) {
   for (int i = 0; argc > 1 && i < OP_COUNT; i++)
     if (strcmp(argv[1], op_names[i]) == 0) what = i;
   const char *transport = argc > 5 ? argv[5] : "shm";
-  fresh = argc > 6 && strcmp(argv[6], "fresh") == 0;
-  cold = argc > 6 && strcmp(argv[6], "cold") == 0;
+  bool unknown = false;
+  for (int i = 6; i < argc; i++) {
+    bool *flag = strcmp(argv[i], "fresh") == 0 ? &fresh : strcmp(argv[i], "cold") == 0 ? &cold
+                 : strcmp(argv[i], "handles") == 0 ? &handles : NULL;
+    if (flag) *flag = true;
+    else unknown = true;
+  }
   if (argc < 4 || what < 0 || size > MAX_RANKS || pairs < 1 || pairs > MAX_PAIRS || (what == OP_PINGPONG && size != 2) ||
-      (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0) || (argc > 6 && !fresh && !cold)) {
+      (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0) || unknown || (fresh && cold)) {
     if (rank == 0)
       fprintf(stderr, "usage: bench_mpi_pair allreduce|allgather|alltoall|broadcast|reduce|reduce_scatter|gather|scatter|"
-                      "pingpong (2 ranks) MIN_BYTES MAX_BYTES [pairs 1..99] [shm|tcp] [fresh|cold]\n");
+                      "pingpong (2 ranks) MIN_BYTES MAX_BYTES [pairs 1..99] [shm|tcp] [fresh|cold] [handles]\n");
     MPI_Finalize();
     return 2;
   }
@@ -254,7 +266,7 @@ int main(int argc, char **argv) {
     qsort(core_us, (size_t)pairs, sizeof *core_us, by_value);
     qsort(copy_gbs, (size_t)pairs, sizeof *copy_gbs, by_value);
     if (rank == 0)
-      printf("%s %zu B, %d ranks, %s: openmpi %.1f us, core %.1f us, openmpi / core %.2f (quartiles %.2f .. %.2f); "
+      printf("%s %zu B, %d ranks, %s: openmpi %.3f us, core %.3f us, openmpi / core %.2f (quartiles %.2f .. %.2f); "
              "memcpy %.1f GB/s\n",
              argv[1], bytes, size, transport, mpi_us[pairs / 2], core_us[pairs / 2], ratio[pairs / 2], ratio[pairs / 4],
              ratio[3 * pairs / 4], copy_gbs[pairs / 2]);

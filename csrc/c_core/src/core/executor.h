@@ -35,6 +35,15 @@ struct tcc__executor {
    * starts it; `stream` is the caller's stream for device ops. On failure
    * *err says why and the op was never started (the caller releases it). */
   tcc_result_t (*submit)(tcc_comm_t *comm, tcc_op_t *op, void *stream, tcc_err_t *err);
+  /* A collective whose caller waits for it at once (no op handle): runs
+   * it in the calling thread, with no op, when it can go before anything
+   * else; *result is its result and *err says why it failed. False, with
+   * nothing done, when it must be submitted as an op. NULL: always false. */
+  bool (*run_now)(tcc_comm_t *comm, tcc_coll_t *c, int64_t timeout_ms, tcc_result_t *result, tcc_err_t *err);
+  /* Why a blocking call (no op handle) on this executor's memory would
+   * never return if made now, or NULL when it may be made. NULL entry:
+   * always. */
+  const char *(*cannot_block)(tcc_comm_t *comm);
   /* 1 once the op finished; may poll the device, never blocks. */
   int (*test)(tcc_op_t *op);
   /* Blocks until the op finished or timeout_ms (< 0: no limit) passed;

@@ -114,35 +114,42 @@ static tcc_op_t *op_alloc(tcc_comm_t *comm, tcc_op_kind_t kind, const tcc_op_opt
   return op;
 }
 
+/* Lays out the per-peer lists of c (pointers, then counts) in `mem`, of
+ * 4 * n words, from the buffers the caller passed. */
+static void fill_arrays(tcc_coll_t *c, uint64_t *mem, int n, const tcc_buf_t *sends, const tcc_buf_t *recvs) {
+  _Static_assert(sizeof(void *) <= sizeof(uint64_t) && sizeof(size_t) <= sizeof(uint64_t), "a word holds an entry");
+  memset(mem, 0, 4 * (size_t)n * sizeof *mem);
+  c->sends = (void **)mem;
+  c->recvs = (void **)(mem + n);
+  c->send_counts = (size_t *)(mem + 2 * n);
+  c->recv_counts = c->send_counts + n;
+  for (int j = 0; j < n; j++) {
+    if (sends) {
+      c->sends[j] = sends[j].ptr;
+      c->send_counts[j] = sends[j].count;
+    }
+    if (recvs) {
+      c->recvs[j] = recvs[j].ptr;
+      c->recv_counts[j] = recvs[j].count;
+    }
+  }
+  if (!sends) c->sends = NULL;
+  if (!recvs) c->recvs = NULL;
+}
+
+/* Lists of more than TCC_OP_INLINE_RANKS ranks: allocated (NULL: out of memory). */
+static uint64_t *lists_memory(int n) { return n <= TCC_OP_INLINE_RANKS ? NULL : calloc(4 * (size_t)n, sizeof(uint64_t)); }
+
 /* Copies the per-peer arrays the caller passed so they may be freed as
  * soon as the call returns: into the op itself in small groups, else into
  * one allocation. */
 static int own_arrays(tcc_op_t *op, int n, const tcc_buf_t *sends, const tcc_buf_t *recvs) {
-  _Static_assert(sizeof(void *) <= sizeof(uint64_t) && sizeof(size_t) <= sizeof(uint64_t), "in_arrays holds the lists");
-  size_t bytes = 2 * (size_t)n * (sizeof(void *) + sizeof(size_t));
-  char *mem;
-  if (n <= TCC_OP_INLINE_RANKS) {
-    mem = (char *)op->in_arrays;
-    memset(mem, 0, bytes);
-  } else {
-    mem = calloc(1, bytes);
-    if (!mem) return -1;
+  uint64_t *mem = op->in_arrays;
+  if (n > TCC_OP_INLINE_RANKS) {
+    if (!(mem = lists_memory(n))) return -1;
     op->owned_arrays = mem;
   }
-  op->coll.sends = (void **)mem;
-  op->coll.recvs = (void **)(mem + (size_t)n * sizeof(void *));
-  op->coll.send_counts = (size_t *)(mem + 2 * (size_t)n * sizeof(void *));
-  op->coll.recv_counts = op->coll.send_counts + n;
-  for (int j = 0; j < n; j++) {
-    if (sends) {
-      op->coll.sends[j] = sends[j].ptr;
-      op->coll.send_counts[j] = sends[j].count;
-    }
-    if (recvs) {
-      op->coll.recvs[j] = recvs[j].ptr;
-      op->coll.recv_counts[j] = recvs[j].count;
-    }
-  }
+  fill_arrays(&op->coll, mem, n, sends, recvs);
   return 0;
 }
 
@@ -198,11 +205,35 @@ static tcc_result_t submit_op(tcc_comm_t *comm, tcc_op_t *op, tcc_buf_t where, t
   return TCC_OK;
 }
 
+#define TRY(expr)                       \
+  do {                                  \
+    tcc_result_t tcc_try_r_ = (expr);   \
+    if (tcc_try_r_ != TCC_OK) return tcc_try_r_; \
+  } while (0)
+
+/* A blocking call that could not return: refused before anything is issued. */
+static tcc_result_t check_can_block(tcc_comm_t *comm, const char *what, tcc_buf_t where) {
+  const tcc__executor_t *exec = where.device >= 0 ? &tcc__device_executor : &tcc__host_executor;
+  const char *why = exec->cannot_block ? exec->cannot_block(comm) : NULL;
+  if (!why) return TCC_OK;
+  return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s' (rank %d): a blocking call (no op handle) cannot be made here: %s",
+                   what, comm->name, comm->rank, why);
+}
+
+/* The caller of a blocking call (no op handle) waits for its op here,
+ * then releases it: the op's result, its reason the thread's last error. */
+static tcc_result_t wait_blocking(tcc_op_t *op) {
+  const tcc_result_t r = tcc_op_wait(op, -1);
+  if (r != TCC_OK) tcc__fail(r, "%s", tcc_op_error(op));
+  tcc_op_release(op);
+  return r;
+}
+
 /* `where` is any buffer of the op: its device (and, for device memory,
  * the caller's stream) decide which executor runs it. Inline in every
  * entry point, so that the compiler writes the entry point's collective
  * straight into the op instead of building it on the stack and copying. */
-static inline __attribute__((always_inline)) tcc_result_t submit_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_op_opts_t *opts,
+static inline __attribute__((always_inline)) tcc_result_t issue_coll(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_op_opts_t *opts,
                                 const tcc_buf_t *sends, const tcc_buf_t *recvs, tcc_buf_t where,
                                 tcc_op_t **out) {
   tcc_op_t *op = op_alloc(comm, TCC_OP_COLL, opts);
@@ -215,16 +246,48 @@ static inline __attribute__((always_inline)) tcc_result_t submit_coll(tcc_comm_t
     tcc_op_release(op);
     return tcc__fail(TCC_ERR_SYSTEM, "tccomm: out of memory");
   }
-  if (!sends) op->coll.sends = NULL;
-  if (!recvs) op->coll.recvs = NULL;
   return submit_op(comm, op, where, out);
 }
 
-#define TRY(expr)                       \
-  do {                                  \
-    tcc_result_t tcc_try_r_ = (expr);   \
-    if (tcc_try_r_ != TCC_OK) return tcc_try_r_; \
-  } while (0)
+/* A blocking collective (no op handle): run at once by the executor when
+ * it can (tcc__executor_t.run_now), else issued and waited for. Not while
+ * tracing: the trace shows every op as issued. */
+static __attribute__((noinline)) tcc_result_t run_coll_blocking(tcc_comm_t *comm, tcc_coll_t *c,
+                                                                const tcc_op_opts_t *opts, const tcc_buf_t *sends,
+                                                                const tcc_buf_t *recvs, tcc_buf_t where) {
+  const tcc__executor_t *exec = where.device >= 0 ? &tcc__device_executor : &tcc__host_executor;
+  if (exec->run_now && !TCC__LOG_ON(TCC__LOG_TRACE)) {
+    /* c, the entry point's, is completed in place: issue_coll below
+     * copies it and sets these fields again. */
+    c->premul = opts ? opts->premul_factor : 1.0;
+    c->premul_device = opts ? opts->premul_device_factor : NULL;
+    c->sends = c->recvs = NULL;
+    uint64_t inline_lists[4 * TCC_OP_INLINE_RANKS], *lists = NULL;
+    if (sends || recvs) {
+      lists = comm->size <= TCC_OP_INLINE_RANKS ? inline_lists : lists_memory(comm->size);
+      if (!lists) return tcc__fail(TCC_ERR_SYSTEM, "tccomm: out of memory");
+      fill_arrays(c, lists, comm->size, sends, recvs);
+    }
+    tcc_err_t err;
+    tcc__err_reset(&err);
+    tcc_result_t r;
+    const bool ran = exec->run_now(comm, c, op_timeout(comm, opts), &r, &err);
+    if (lists != inline_lists) free(lists);
+    if (ran) return r == TCC_OK ? TCC_OK : tcc__fail_with(&err, r);
+  }
+  TRY(check_can_block(comm, tcc__coll_name(c->kind), where));
+  tcc_op_t *op;
+  const tcc_result_t r = issue_coll(comm, c, opts, sends, recvs, where, &op);
+  return r == TCC_OK ? wait_blocking(op) : r;
+}
+
+static inline __attribute__((always_inline)) tcc_result_t submit_coll(tcc_comm_t *comm, tcc_coll_t *c, const tcc_op_opts_t *opts,
+                                const tcc_buf_t *sends, const tcc_buf_t *recvs, tcc_buf_t where,
+                                tcc_op_t **out) {
+  if (!out) return run_coll_blocking(comm, c, opts, sends, recvs, where);
+  return issue_coll(comm, c, opts, sends, recvs, where, out);
+}
+
 
 tcc_result_t tcc_broadcast(tcc_comm_t *comm, tcc_buf_t buf, int root, const tcc_op_opts_t *opts,
                            tcc_op_t **op) {
@@ -380,6 +443,7 @@ static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int
     return tcc__fail(TCC_ERR_UNSUPPORTED,
                   "tccomm recv on '%s' (rank %d): receiving from any source needs host memory", comm->name,
                   comm->rank);
+  if (!out) TRY(check_can_block(comm, w, buf));
   tcc_op_t *op = op_alloc(comm, kind, opts);
   if (!op) return tcc__fail(TCC_ERR_SYSTEM, "tccomm: out of memory");
   op->peer = peer;
@@ -387,7 +451,10 @@ static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int
   op->tag = tag;
   op->buf = buf.ptr;
   op->bytes = buf.count * tcc__dtype_size(buf.dtype);
-  return submit_op(comm, op, buf, out);
+  if (out) return submit_op(comm, op, buf, out);
+  tcc_op_t *issued;
+  const tcc_result_t r = submit_op(comm, op, buf, &issued);
+  return r == TCC_OK ? wait_blocking(issued) : r;
 }
 
 tcc_result_t tcc_send(tcc_comm_t *comm, tcc_buf_t buf, int peer, uint64_t tag,

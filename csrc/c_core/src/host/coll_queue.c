@@ -19,6 +19,35 @@
  * next op of a program that went quiet may be far off. */
 #define COLL_HELD_IDLE_NS (1000 * 1000LL) /* 1 ms */
 
+/* Runs collective c, numbered seq, until it ends or deadline_ns passes;
+ * on failure err says why. What a failure leaves behind is decided here
+ * for every way a collective runs (queued or at once). */
+static tcc_result_t run_collective(tcc_comm_t *comm, tcc_coll_t *c, uint64_t seq, int64_t timeout_ms,
+                                   int64_t deadline_ns, tcc_err_t *err) {
+  if (TCC_MUTANT(BROADCAST_WRONG_ROOT) && c->kind == TCC_COLL_BROADCAST) c->root = (c->root + 1) % comm->size; /* MUTATION SITE */
+  if (TCC_MUTANT(REDUCE_SCATTER_SWAP) && c->kind == TCC_COLL_REDUCE_SCATTER && comm->size > 1) { void *t = c->sends[0]; c->sends[0] = c->sends[1]; c->sends[1] = t; } /* MUTATION SITE */
+  tcc_result_t r = tcc__coll_run(comm, c, seq, deadline_ns, err);
+  if (TCC_MUTANT(ALLGATHER_CORRUPT_BYTE) && r == TCC_OK && c->kind == TCC_COLL_ALLGATHER && c->count) ((unsigned char *)c->recvs[(comm->rank + 1) % comm->size])[c->count * tcc__dtype_size(c->dtype) / 2] ^= 1; /* MUTATION SITE */
+  if (r == TCC_OK) return TCC_OK;
+  if (err->msg[0] == 0)
+    tcc__err_set(err, r, "tccomm %s on '%s' (rank %d) failed: %s", tcc__coll_name(c->kind), comm->name, comm->rank,
+                 tcc_result_string(r));
+  /* Transports do not know the op's own timeout (per-op or the default). */
+  if (r == TCC_ERR_TIMEOUT) {
+    size_t len = strlen(err->msg);
+    snprintf(err->msg + len, sizeof err->msg - len, " [op timeout %lld ms]", (long long)timeout_ms);
+  }
+  /* A mismatch is detected by every rank before data moves, so the
+   * communicator stays usable; anything else leaves ranks out of step
+   * (and so does a mismatch found after some ranks went on: the
+   * algorithm that found it failed the communicator already). */
+  if (r != TCC_ERR_MISMATCH && r != TCC_ERR_INVALID && r != TCC_ERR_UNSUPPORTED)
+    tcc__comm_fail(comm, r, err->msg);
+  else if (!atomic_load(&comm->aborted))
+    TCC_LOG_WARN(comm->rank, "%s (the communicator stays usable)", err->msg);
+  return r;
+}
+
 static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   if (atomic_load(&comm->aborted)) {
     char msg[TCC_ERRLEN], cause[TCC_ERRLEN];
@@ -31,27 +60,7 @@ static void execute_collective(tcc_comm_t *comm, tcc_op_t *op) {
   tcc_err_t err;
   tcc__err_reset(&err);
   tcc__op_begin(op);
-  tcc_coll_t *c = &op->coll; /* for the mutation sites */
-  if (TCC_MUTANT(BROADCAST_WRONG_ROOT) && c->kind == TCC_COLL_BROADCAST) c->root = (c->root + 1) % comm->size; /* MUTATION SITE */
-  if (TCC_MUTANT(REDUCE_SCATTER_SWAP) && c->kind == TCC_COLL_REDUCE_SCATTER && comm->size > 1) { void *t = c->sends[0]; c->sends[0] = c->sends[1]; c->sends[1] = t; } /* MUTATION SITE */
-  tcc_result_t r = tcc__coll_run(comm, &op->coll, op->seq, op->deadline_ns, &err);
-  if (TCC_MUTANT(ALLGATHER_CORRUPT_BYTE) && r == TCC_OK && c->kind == TCC_COLL_ALLGATHER && c->count) ((unsigned char *)c->recvs[(comm->rank + 1) % comm->size])[c->count * tcc__dtype_size(c->dtype) / 2] ^= 1; /* MUTATION SITE */
-  if (r != TCC_OK && err.msg[0] == 0)
-    tcc__err_set(&err, r, "tccomm %s on '%s' (rank %d) failed: %s", tcc__coll_name(op->coll.kind),
-                comm->name, comm->rank, tcc_result_string(r));
-  /* Transports do not know the op's own timeout (per-op or the default). */
-  if (r == TCC_ERR_TIMEOUT) {
-    size_t len = strlen(err.msg);
-    snprintf(err.msg + len, sizeof err.msg - len, " [op timeout %lld ms]", (long long)op->timeout_ms);
-  }
-  /* A mismatch is detected by every rank before data moves, so the
-   * communicator stays usable; anything else leaves ranks out of step
-   * (and so does a mismatch found after some ranks went on: the
-   * algorithm that found it failed the communicator already). */
-  if (r != TCC_OK && r != TCC_ERR_MISMATCH && r != TCC_ERR_INVALID && r != TCC_ERR_UNSUPPORTED)
-    tcc__comm_fail(comm, r, err.msg);
-  else if (r != TCC_OK && !atomic_load(&comm->aborted))
-    TCC_LOG_WARN(comm->rank, "%s (the communicator stays usable)", err.msg);
+  const tcc_result_t r = run_collective(comm, &op->coll, op->seq, op->timeout_ms, op->deadline_ns, &err);
   tcc__op_finish(op, r, err.msg);
 }
 
@@ -165,6 +174,50 @@ void tcc__host_release_runner(tcc_engine_t *e) {
     pthread_cond_signal(&e->coll_cv);
     pthread_mutex_unlock(&e->lock);
   }
+}
+
+/* Output an op run at once left held back: the collective thread sends
+ * it once the communicator is quiet, as after a queued op (host.h). Only
+ * then is the engine lock taken: the thread may sleep until signalled. */
+static void note_held_output(tcc_engine_t *e) {
+  pthread_mutex_lock(&e->lock);
+  e->last_submit_ns = tcc__coarse_now_ns();
+  if (e->coll_deep_sleep) pthread_cond_signal(&e->coll_cv);
+  pthread_mutex_unlock(&e->lock);
+}
+
+/* A collective whose caller waits for it at once, run in the calling
+ * thread when nothing is queued and no other thread runs the queue. It
+ * takes the next number only if no op has it yet (submit numbers with an
+ * atomic increment): then it runs in its turn, and ops other threads
+ * submit meanwhile are numbered after it. No lock, and no op made,
+ * queued, finished or released: a small op's engine costs about a fifth
+ * of what it costs issued and waited for (bench/README, "Blocking calls").
+ * False, with nothing done, when it must go through the queue (the
+ * caller issues it as an op then). */
+bool tcc__host_coll_run_now(tcc_comm_t *comm, tcc_coll_t *c, int64_t timeout_ms, tcc_result_t *result,
+                            tcc_err_t *err) {
+  tcc_engine_t *e = comm->engine;
+  if (!e || atomic_load_explicit(&comm->aborted, memory_order_relaxed) || !claim(e, RUNNER_WAITER)) return false;
+  /* As in tcc__host_claim_runner: either this sees the flag, or stop sees
+   * the claim and waits for it. */
+  if (atomic_load(&e->waiters_refused)) {
+    tcc__host_release_runner(e);
+    return false;
+  }
+  /* Ops numbered up to coll_issued were submitted, those before coll_next
+   * taken: the queue is empty when coll_issued is one less. */
+  const unsigned long long seq = atomic_load_explicit(&e->coll_next, memory_order_relaxed);
+  unsigned long long issued = seq - 1;
+  if (!atomic_compare_exchange_strong(&comm->coll_issued, &issued, seq)) {
+    tcc__host_release_runner(e);
+    return false;
+  }
+  atomic_store_explicit(&e->coll_next, seq + 1, memory_order_relaxed); /* the claim's holder moves it */
+  *result = run_collective(comm, c, seq, timeout_ms, tcc__coarse_deadline_after_ms(timeout_ms), err);
+  if (tcc__coll_holds_output(comm)) note_held_output(e);
+  tcc__host_release_runner(e);
+  return true;
 }
 
 /* The collective thread, lock held, queue empty: sends what the

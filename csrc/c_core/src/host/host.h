@@ -22,6 +22,12 @@
  * to an overflow list under the lock, and every op after them too until
  * the runner has emptied it, so the ring never holds an op out of turn.
  *
+ * A blocking call (an entry point given no op handle) skips all of it when
+ * nothing is queued and nobody runs the queue: it claims the runner, takes
+ * the next number only if no op has it (the compare-and-swap that makes
+ * submit number with an atomic increment) and runs the collective in the
+ * calling thread, with no op (tcc__host_coll_run_now).
+ *
  * For the same reason submitting does not wake the collective thread while
  * the communicator is busy: waking a third thread per op on a machine whose
  * cores are busy spinning in barriers costs more than the op (2 ranks on 2
@@ -170,6 +176,10 @@ int tcc__host_claim_runner(tcc_engine_t *e, tcc_op_t *until, tcc_op_t **first);
 void tcc__host_run_queue(tcc_comm_t *comm, tcc_op_t *until, tcc_op_t *first);
 /* Gives the claim back (a waiter's: see coll_queue.c). */
 void tcc__host_release_runner(tcc_engine_t *e);
+/* Runs c in the calling thread when nothing is queued and nobody runs the
+ * queue (the executor's run_now, core/executor.h). */
+bool tcc__host_coll_run_now(tcc_comm_t *comm, tcc_coll_t *c, int64_t timeout_ms, tcc_result_t *result,
+                            tcc_err_t *err);
 /* Whether a collective waits in the queue (exact for the claim's holder,
  * a hint for anyone else). */
 bool tcc__host_coll_queued(tcc_engine_t *e);

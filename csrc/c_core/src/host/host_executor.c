@@ -70,10 +70,10 @@ static tcc_result_t host_submit(tcc_comm_t *comm, tcc_op_t *op, void *stream, tc
     return TCC_OK;
   }
   if (!p2p) {
-    /* Numbered under the lock so numbers follow queue order. */
-    /* Written only here, under the lock: no atomic increment needed. */
-    op->seq = atomic_load_explicit(&comm->coll_issued, memory_order_relaxed) + 1;
-    atomic_store_explicit(&comm->coll_issued, op->seq, memory_order_relaxed);
+    /* Numbered under the lock so numbers follow queue order; an atomic
+     * increment, as a blocking call takes its number without the lock
+     * (tcc__host_coll_run_now). */
+    op->seq = atomic_fetch_add(&comm->coll_issued, 1) + 1;
     tcc__host_coll_push_locked(e, op);
     e->last_submit_ns = tcc__coarse_now_ns();
     if (e->coll_deep_sleep) pthread_cond_signal(&e->coll_cv); /* see host.h */
@@ -223,6 +223,7 @@ const tcc__executor_t tcc__host_executor = {
     .memory_name = "host memory",
     .attach = host_attach,
     .submit = host_submit,
+    .run_now = tcc__host_coll_run_now,
     .test = host_test,
     .wait = host_wait,
     .start = host_start,

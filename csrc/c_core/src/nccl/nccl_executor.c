@@ -365,11 +365,21 @@ static void nccl_release(tcc_comm_t *comm) {
   comm->device_state = NULL;
 }
 
+/* An op issued inside an open group launches at the group's end, which
+ * this thread can only reach after the blocking call returned. */
+static const char *nccl_cannot_block(tcc_comm_t *comm) {
+  (void)comm;
+  return thread_group.depth > 0 ? "an NCCL group is open on this thread (tcc_comm_group_start), and its ops launch only "
+                                  "at its end: issue the op with a handle and wait after tcc_comm_group_end"
+                                : NULL;
+}
+
 const tcc__executor_t tcc__device_executor = {
     .name = "nccl",
     .memory_name = "CUDA device",
     .attach = nccl_attach,
     .submit = nccl_submit,
+    .cannot_block = nccl_cannot_block,
     .test = nccl_test,
     .wait = nccl_wait,
     .start = nccl_start,

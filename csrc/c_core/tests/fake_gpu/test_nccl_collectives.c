@@ -4,7 +4,7 @@
  * the fake NCCL; each result checked against the host reference of
  * gpu_rank.h. Odd counts, zero counts, every dtype NCCL can reduce, every
  * reduce op it has, and the list forms whose per-peer buffers are not one
- * block (the core stages those).
+ * block (the core stages those). Allreduce also blocking (no op handle).
  */
 #include <math.h>
 #include <stdio.h>
@@ -56,6 +56,11 @@ static void allreduce_case(gpu_rank_t *g, tcc_dtype_t dt, tcc_redop_t op, size_t
     check_reduced(g, "in-place allreduce (host wait)", d_in, count, dt, op, 0.5, 0);
     tcc_op_release(o);
   }
+  /* Blocking (no handle): issued and waited for inside the call, as above. */
+  upload(g, d_in, in, bytes);
+  r = tcc_allreduce(g->comm, dbuf(g, d_in, count, dt), dbuf(g, d_in, count, dt), op, &opts, NULL);
+  CHECK(r == TCC_OK, "blocking in-place allreduce: %s", tcc_last_error());
+  if (r == TCC_OK) check_reduced(g, "blocking in-place allreduce", d_in, count, dt, op, 0.5, 0);
   cudaFree(d_in);
   cudaFree(d_out);
   free(in);

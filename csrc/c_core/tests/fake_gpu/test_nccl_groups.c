@@ -96,9 +96,21 @@ static void op_inside_another_group(gpu_rank_t *g, tcc_comm_t *b) {
     CHECK(r == TCC_ERR_INPROGRESS, "an op issued while another group is open on the thread completed before "
                                    "that group launched it (wait: %s)", tcc_result_string(r));
   }
+  /* A blocking call could never return there: refused, nothing issued. */
+  float *d = dev_alloc(sizeof(float));
+  const tcc_buf_t one = dbuf(g, d, 1, TCC_FLOAT32);
+  const uint64_t issued = tcc_comm_collective_count(b);
+  tcc_result_t r = tcc_allreduce(b, one, one, TCC_SUM, NULL, NULL);
+  CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), "allreduce") && strstr(tcc_last_error(), "group is open"),
+        "a blocking allreduce inside a group: %s: %s", tcc_result_string(r), tcc_last_error());
+  r = tcc_send(b, one, 1 - g->rank, 5, NULL, NULL);
+  CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), "send") && strstr(tcc_last_error(), "group is open"),
+        "a blocking send inside a group: %s: %s", tcc_result_string(r), tcc_last_error());
+  CHECK(tcc_comm_collective_count(b) == issued, "a refused blocking call was counted as issued");
   CHECK(tcc_comm_group_end(g->comm) == TCC_OK, "group end: %s", tcc_last_error());
   finish_allreduce(g, &in_group, 1, "allreduce in the group");
   finish_allreduce(g, &other, 2, "allreduce on the other communicator");
+  cudaFree(d);
 }
 
 /* Groups of two communicators nested on one thread: nothing launches
