@@ -10,6 +10,8 @@
  *  - Blocking calls behind ops still queued (issued with a handle, not
  *    waited for yet), and ranks mixing both kinds of call for the same
  *    ops: everything runs in issue order, with the same results.
+ *  - Two threads of every rank issuing on one communicator at once, one
+ *    blocking, one with handles.
  *  - With TRACE logging, where every op goes through the queue.
  *  - Failures: a bad argument, a communicator aborted before the call, a
  *    peer that never joins (the op's timeout): the call returns the code,
@@ -18,6 +20,7 @@
  *    calls only (no op was ever queued: the collective thread sleeps until
  *    told) is still sent once the rank goes quiet.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,6 +204,50 @@ static void behind_queued(tcc_comm_t *comm) {
   }
 }
 
+/* Two threads of every rank issue on the same communicator at once: one
+ * blocking calls, the other ops with handles. The ranks may pair their
+ * ops differently, which is harmless here: every op is the same
+ * all-reduce of ones, so each must give the group's size whichever ops
+ * meet. What is checked is that numbering without the lock (a blocking
+ * call) and under it (submit) never gives two ops one number, nor runs
+ * one out of turn: either would leave ranks waiting or mismatched. */
+enum { THREAD_OPS = 2000 };
+
+typedef struct issuer {
+  tcc_comm_t *comm;
+  bool blocking;
+  int wrong;
+} issuer_t;
+
+static void *issue_ones(void *arg) {
+  issuer_t *t = arg;
+  const int n = tcc_comm_size(t->comm);
+  for (int i = 0; i < THREAD_OPS; i++) {
+    int32_t x[2] = {1, 1};
+    tcc_op_t *op = NULL;
+    tcc_result_t r = tcc_allreduce(t->comm, buf_of(x, 2), buf_of(x, 2), TCC_SUM, NULL, t->blocking ? NULL : &op);
+    if (r == TCC_OK && op) {
+      r = tcc_op_wait(op, -1);
+      tcc_op_release(op);
+    }
+    t->wrong += r != TCC_OK || x[0] != n || x[1] != n;
+  }
+  return NULL;
+}
+
+static void two_threads(tcc_comm_t *comm) {
+  const uint64_t before = tcc_comm_collective_count(comm);
+  issuer_t a = {comm, true, 0}, b = {comm, false, 0};
+  pthread_t other;
+  CHECK(pthread_create(&other, NULL, issue_ones, &b) == 0, "pthread_create");
+  issue_ones(&a);
+  pthread_join(other, NULL);
+  CHECK(a.wrong == 0 && b.wrong == 0, "%d blocking and %d issued all-reduces failed or gave a wrong sum", a.wrong,
+        b.wrong);
+  CHECK(tcc_comm_collective_count(comm) == before + 2 * THREAD_OPS, "%llu collectives counted, %d issued",
+        (unsigned long long)(tcc_comm_collective_count(comm) - before), 2 * THREAD_OPS);
+}
+
 /* Shared by the forked ranks of one group (made before the fork). */
 static atomic_int *shared_flag;
 
@@ -288,6 +335,9 @@ int main(void) {
     CHECK(run_group(groups[g].n, groups[g].spec, 10000, "behind", behind_queued) == 0, "behind queued ops, %d ranks %s",
           groups[g].n, groups[g].spec);
   }
+  CHECK(run_group(2, "shm", 20000, "threads", two_threads) == 0, "two threads, shm");
+  CHECK(run_group(3, "shm", 20000, "threads", two_threads) == 0, "two threads, 3 ranks shm");
+  CHECK(run_group(2, "tcp", 20000, "threads", two_threads) == 0, "two threads, tcp");
   CHECK(run_group(2, "shm", 60000, "bad", bad_calls) == 0, "bad calls, shm");
   CHECK(run_group(3, "tcp", 60000, "bad", bad_calls) == 0, "bad calls, tcp");
   atomic_store(shared_flag, 0);

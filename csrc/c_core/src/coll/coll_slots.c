@@ -101,12 +101,13 @@ typedef struct slot_watch {
   int peer;
   uint64_t pos;
   bool out_of_step; /* the peer went past this op without what is waited for */
+  const char *slot; /* part_arrived: the peer's slot for op pos */
 } slot_watch_t;
 
 /* A sender's slot holds op `pos`, or the sender went past it without. */
 static bool part_arrived(void *arg) {
   slot_watch_t *w = arg;
-  const atomic_ullong *at = (const atomic_ullong *)w->sp->slot(w->comm, w->peer, w->pos);
+  const atomic_ullong *at = (const atomic_ullong *)w->slot;
   if (atomic_load_explicit(at, memory_order_acquire) == w->pos) return true;
   const atomic_ullong *progress = w->sp->slot_progress(w->comm, w->peer);
   if (atomic_load_explicit(&progress[PROGRESS_ENTERED], memory_order_acquire) >= w->pos ||
@@ -217,7 +218,7 @@ static tcc_result_t send_part(tcc_comm_t *comm, tcc__coll_scratch_t *sc, const t
     uint64_t least = UINT64_MAX;
     for (int j = 0; j < comm->size; j++) {
       if (j == comm->rank) continue;
-      slot_watch_t w = {comm, sp, j, pos - K, false};
+      slot_watch_t w = {comm, sp, j, pos - K, false, NULL};
       tcc_result_t r = wait_for(comm, &w, peer_finished, c, seq, deadline, err);
       if (r != TCC_OK) return r;
       const uint64_t f = atomic_load_explicit(&sp->slot_progress(comm, j)[PROGRESS_FINISHED], memory_order_acquire);
@@ -236,10 +237,10 @@ static tcc_result_t send_part(tcc_comm_t *comm, tcc__coll_scratch_t *sc, const t
 static tcc_result_t take_part(tcc_comm_t *comm, const tcc_coll_t *c, const tcc_coll_desc_t *mine, int j,
                               uint64_t pos, uint64_t seq, int64_t deadline, const char **part, tcc_err_t *err) {
   const tcc__spans_ops_t *sp = comm->ops->spans;
-  slot_watch_t w = {comm, sp, j, pos, false};
+  const char *slot = sp->slot(comm, j, pos);
+  slot_watch_t w = {comm, sp, j, pos, false, slot};
   tcc_result_t r = wait_for(comm, &w, part_arrived, c, seq, deadline, err);
   if (r != TCC_OK) return r;
-  const char *slot = sp->slot(comm, j, pos);
   tcc_coll_desc_t theirs;
   memcpy(&theirs, slot + SLOT_DESC_AT, sizeof theirs);
   r = tcc__coll_desc_check_peer(comm, c, mine, &theirs, j, err);

@@ -424,9 +424,6 @@ static tcc_result_t run_reduction(tcc_comm_t *comm, staged_t *st, const tcc_coll
 tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline_ns,
                                   tcc_err_t *err) {
   const tcc__spans_ops_t *sp = comm->ops->spans;
-  tcc__coll_scratch_t *sc = coll_scratch_of(comm);
-  staged_t view = {comm, sp, sp->window_bytes(comm), sp->one_shot_bytes(comm), sc};
-  staged_t *st = &view;
   tcc_coll_t copy;
   void *snapshot;
   const tcc_coll_t *staged = tcc__coll_inputs_safe(c, comm->size, comm->rank, &copy, &snapshot);
@@ -439,6 +436,9 @@ tcc_result_t tcc__coll_staged_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_
     if (snapshot) free(snapshot); /* rarely: overlapping inputs only */
     return r;
   }
+  /* After the slot rings' look: a small rooted op needs none of it. */
+  staged_t view = {comm, sp, sp->window_bytes(comm), sp->one_shot_bytes(comm), coll_scratch_of(comm)};
+  staged_t *st = &view;
   switch (c->kind) {
     case TCC_COLL_ALLREDUCE:
     case TCC_COLL_REDUCE:

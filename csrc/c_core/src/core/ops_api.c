@@ -115,26 +115,22 @@ static tcc_op_t *op_alloc(tcc_comm_t *comm, tcc_op_kind_t kind, const tcc_op_opt
 }
 
 /* Lays out the per-peer lists of c (pointers, then counts) in `mem`, of
- * 4 * n words, from the buffers the caller passed. */
+ * 4 * n words, from the buffers the caller passed: every entry written
+ * (those of a list not passed are NULL and 0). */
 static void fill_arrays(tcc_coll_t *c, uint64_t *mem, int n, const tcc_buf_t *sends, const tcc_buf_t *recvs) {
   _Static_assert(sizeof(void *) <= sizeof(uint64_t) && sizeof(size_t) <= sizeof(uint64_t), "a word holds an entry");
-  memset(mem, 0, 4 * (size_t)n * sizeof *mem);
-  c->sends = (void **)mem;
-  c->recvs = (void **)(mem + n);
-  c->send_counts = (size_t *)(mem + 2 * n);
-  c->recv_counts = c->send_counts + n;
+  void **send_ptrs = (void **)mem, **recv_ptrs = (void **)(mem + n);
+  size_t *send_counts = (size_t *)(mem + 2 * n), *recv_counts = send_counts + n;
   for (int j = 0; j < n; j++) {
-    if (sends) {
-      c->sends[j] = sends[j].ptr;
-      c->send_counts[j] = sends[j].count;
-    }
-    if (recvs) {
-      c->recvs[j] = recvs[j].ptr;
-      c->recv_counts[j] = recvs[j].count;
-    }
+    send_ptrs[j] = sends ? sends[j].ptr : NULL;
+    send_counts[j] = sends ? sends[j].count : 0;
+    recv_ptrs[j] = recvs ? recvs[j].ptr : NULL;
+    recv_counts[j] = recvs ? recvs[j].count : 0;
   }
-  if (!sends) c->sends = NULL;
-  if (!recvs) c->recvs = NULL;
+  c->sends = sends ? send_ptrs : NULL;
+  c->recvs = recvs ? recv_ptrs : NULL;
+  c->send_counts = send_counts;
+  c->recv_counts = recv_counts;
 }
 
 /* Lists of more than TCC_OP_INLINE_RANKS ranks: allocated (NULL: out of memory). */
