@@ -4,14 +4,16 @@
  * tcc_op_release, no torch. The floor under every layer above it
  * (bench/bench_layers.py prints it next to them).
  *
- * Usage: bench_latency [ranks] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p] [cold BYTES | blocking]
+ * Usage: bench_latency [ranks] [shm|tcp] [allreduce|allgather|alltoall|broadcast|gather|scatter|reduce|p2p]
+ *                     [cold BYTES | blocking]
  *        (default: 2 shm allreduce)
  * Prints one line per batch on rank 0, then
  *   "core 8 B <op>, <n> ranks, <transport>: median <us> us per call"
  * allgather and alltoall move 8 bytes (2 float32) per pair of ranks. Every
  * result is checked (the sum of the ranks' values; every block received
  * from the rank and for the rank it should come from). broadcast moves 8
- * bytes from rank 0, a small rooted op whose root returns at once.
+ * bytes from rank 0, a small rooted op whose root returns at once; gather,
+ * scatter and reduce (sum) 8 bytes per rank, to or from rank 0.
  *
  * p2p (2 ranks): round trips of 8 bytes, rank 0 sends and receives the
  * reply, rank 1 receives and sends it back plus one; each reply checked.
@@ -38,9 +40,9 @@
 #define CALLS 20000
 #define TCC_MAX_BENCH_RANKS 8
 
-typedef enum { OP_ALLREDUCE, OP_ALLGATHER, OP_ALLTOALL, OP_BROADCAST } coll_op_t;
-static const char *const coll_names[] = {"allreduce", "allgather", "alltoall", "broadcast"};
-#define COLL_KINDS 4
+typedef enum { OP_ALLREDUCE, OP_ALLGATHER, OP_ALLTOALL, OP_BROADCAST, OP_GATHER, OP_SCATTER, OP_REDUCE } coll_op_t;
+static const char *const coll_names[] = {"allreduce", "allgather", "alltoall", "broadcast", "gather", "scatter", "reduce"};
+#define COLL_KINDS 7
 
 /* One op's buffers: 2 float32 per rank (all-reduce: its input and output). */
 typedef struct blocks {
@@ -75,17 +77,26 @@ static int coll_once(tcc_comm_t *comm, coll_op_t what, blocks_t *b, int i) {
   }
   tcc_op_t *op = NULL, **handle = blocking ? NULL : &op;
   if (what == OP_BROADCAST && me != 0) b->in[0][0] = b->in[0][1] = -1;
-  const tcc_result_t issued = what == OP_ALLREDUCE   ? tcc_allreduce(comm, b->sends[0], b->sends[0], TCC_SUM, NULL, handle)
-                              : what == OP_ALLGATHER ? tcc_allgather(comm, b->sends[0], b->recvs, NULL, handle)
-                              : what == OP_BROADCAST ? tcc_broadcast(comm, b->sends[0], 0, NULL, handle)
-                                                     : tcc_alltoall(comm, b->sends, b->recvs, NULL, handle);
+  tcc_result_t issued;
+  switch (what) {
+    case OP_ALLREDUCE: issued = tcc_allreduce(comm, b->sends[0], b->sends[0], TCC_SUM, NULL, handle); break;
+    case OP_ALLGATHER: issued = tcc_allgather(comm, b->sends[0], b->recvs, NULL, handle); break;
+    case OP_BROADCAST: issued = tcc_broadcast(comm, b->sends[0], 0, NULL, handle); break;
+    case OP_GATHER: issued = tcc_gather(comm, b->sends[0], b->recvs, 0, NULL, handle); break;
+    case OP_SCATTER: issued = tcc_scatter(comm, b->sends, b->recvs[0], 0, NULL, handle); break;
+    case OP_REDUCE: issued = tcc_reduce(comm, b->sends[0], b->recvs[0], TCC_SUM, 0, NULL, handle); break;
+    default: issued = tcc_alltoall(comm, b->sends, b->recvs, NULL, handle); break;
+  }
   if (!finished_ok(issued, op)) return 0;
-  if (what == OP_ALLREDUCE) {
+  if (what == OP_ALLREDUCE || (what == OP_REDUCE && me == 0)) {
     float want = 0;
     for (int j = 0; j < n; j++) want += value_of(what, j, me, i);
-    return b->in[0][0] == want && b->in[0][1] == want;
+    const float *got = what == OP_REDUCE ? b->out[0] : b->in[0];
+    return got[0] == want && got[1] == want;
   }
   if (what == OP_BROADCAST) return b->in[0][0] == value_of(what, 0, 0, i) && b->in[0][1] == value_of(what, 0, 0, i);
+  if (what == OP_SCATTER) return b->out[0][0] == value_of(what, 0, me, i) && b->out[0][1] == value_of(what, 0, me, i);
+  if ((what == OP_GATHER || what == OP_REDUCE) && me != 0) return 1; /* nothing received */
   for (int j = 0; j < n; j++)
     if (b->out[j][0] != value_of(what, j, me, i) || b->out[j][1] != value_of(what, j, me, i)) return 0;
   return 1;
@@ -187,7 +198,7 @@ int main(int argc, char **argv) {
     if (strcmp(what, coll_names[k]) == 0) coll = k;
   if (n < 1 || n > TCC_MAX_BENCH_RANKS || (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0 && !hybrid) ||
       (!p2p && coll < 0) || (p2p && n != (hybrid ? 4 : 2)) || (hybrid && !p2p) || !cold_ok || (p2p && cold_bytes)) {
-    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|allgather|alltoall|broadcast|p2p (2 ranks)]"
+    fprintf(stderr, "usage: bench_latency [ranks 1..8] [shm|tcp] [allreduce|allgather|alltoall|broadcast|gather|scatter|reduce|p2p (2 ranks)]"
                     " [cold BYTES (collectives) | blocking]\n"
                     "       bench_latency 4 hybrid p2p\n");
     return 2;

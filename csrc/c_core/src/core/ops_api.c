@@ -332,19 +332,29 @@ static bool host_buf_like(tcc_buf_t b, tcc_buf_t like) {
          b.count == like.count && (b.ptr || b.count == 0);
 }
 
-/* Checks an array of `size` buffers each of `count` elements of `dt`. */
-static tcc_result_t check_uniform(tcc_comm_t *comm, const char *w, const char *role,
-                                  const tcc_buf_t *bufs, tcc_buf_t like) {
-  if (!bufs)
-    return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': the %s list is missing", w, comm->name, role);
-  for (int j = 0; j < comm->size; j++) {
-    if (host_buf_like(bufs[j], like)) continue; /* passes every check below: no name to format */
+/* check_uniform's checks of every buffer from `first` on, each named. */
+static __attribute__((noinline, cold)) tcc_result_t check_uniform_named(tcc_comm_t *comm, const char *w,
+                                                                        const char *role, const tcc_buf_t *bufs,
+                                                                        tcc_buf_t like, int first) {
+  for (int j = first; j < comm->size; j++) {
     char name[64];
     snprintf(name, sizeof name, "%s[%d]", role, j);
     TRY(check_buf_on(comm, w, name, bufs[j], like.device));
     TRY(check_same_dtype(comm, w, like, bufs[j]));
     TRY(check_count(comm, w, name, bufs[j].count, like.count));
   }
+  return TCC_OK;
+}
+
+/* Checks an array of `size` buffers each of `count` elements of `dt`: a
+ * host buffer like `like` passes without its name formatted, and without
+ * the stack a name needs (a loop of a few instructions per rank). */
+static inline tcc_result_t check_uniform(tcc_comm_t *comm, const char *w, const char *role, const tcc_buf_t *bufs,
+                                         tcc_buf_t like) {
+  if (!bufs)
+    return tcc__fail(TCC_ERR_INVALID, "tccomm %s on '%s': the %s list is missing", w, comm->name, role);
+  for (int j = 0; j < comm->size; j++)
+    if (!host_buf_like(bufs[j], like)) return check_uniform_named(comm, w, role, bufs, like, j);
   return TCC_OK;
 }
 
