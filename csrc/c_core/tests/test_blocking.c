@@ -14,8 +14,9 @@
  *    blocking, one with handles.
  *  - With TRACE logging, where every op goes through the queue.
  *  - Failures: a bad argument, a communicator aborted before the call, a
- *    peer that never joins (the op's timeout): the call returns the code,
- *    and tcc_last_error() names the op, the group and the cause.
+ *    peer that never joins (the op's timeout), an abort or a destroy from
+ *    another thread during the call: the call returns the code, and
+ *    tcc_last_error() names the op, the group and the cause.
  *  - Output the TCP transport's one-sided ops hold back after blocking
  *    calls only (no op was ever queued: the collective thread sleeps until
  *    told) is still sent once the rank goes quiet.
@@ -296,6 +297,57 @@ static void peer_missing(tcc_comm_t *comm) {
         tcc_result_string(tcc_comm_status(comm)));
 }
 
+/* A thread of rank 0 makes a blocking all-reduce of blocked_count int32
+ * that rank 1 never joins; the main thread aborts or destroys the
+ * communicator: the call returns TCC_ERR_ABORTED soon, its reason naming
+ * what ended it, and nothing is touched after it is freed (ASan). */
+static size_t blocked_count; /* set before the ranks fork */
+
+typedef struct blocked {
+  tcc_comm_t *comm;
+  tcc_result_t result;
+  char error[TCC_ERRLEN];
+  int64_t returned_ns;
+} blocked_t;
+
+static void *block_on_missing_peer(void *arg) {
+  blocked_t *b = arg;
+  int32_t *x = calloc(blocked_count, sizeof *x);
+  b->result = tcc_allreduce(b->comm, buf_of(x, blocked_count), buf_of(x, blocked_count), TCC_SUM, NULL, NULL);
+  snprintf(b->error, sizeof b->error, "%s", tcc_last_error());
+  b->returned_ns = tcc__now_ns();
+  free(x);
+  return NULL;
+}
+
+static void end_during_call(tcc_comm_t *comm, bool destroy) {
+  if (tcc_comm_rank(comm) == 1) {
+    for (int i = 0; i < 20000 && !atomic_load(shared_flag); i++) usleep(1000);
+    return;
+  }
+  blocked_t b = {comm, TCC_OK, "", 0};
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, block_on_missing_peer, &b) == 0, "pthread_create");
+  usleep(200 * 1000);
+  const int64_t t0 = tcc__now_ns();
+  if (destroy) {
+    tcc_comm_destroy(comm);
+    group_comm_destroyed = 1;
+  } else {
+    tcc_comm_abort(comm);
+  }
+  pthread_join(t, NULL);
+  atomic_store(shared_flag, 1);
+  const double seconds = (double)(b.returned_ns - t0) / 1e9;
+  CHECK(b.result == TCC_ERR_ABORTED && strstr(b.error, "allreduce") && strstr(b.error, destroy ? "destroyed" : "abort"),
+        "blocking allreduce of %zu ended by %s: %s: %s", blocked_count, destroy ? "destroy" : "abort",
+        tcc_result_string(b.result), b.error);
+  CHECK(seconds < 2, "the blocking call returned %.2f s after %s", seconds, destroy ? "destroy" : "abort");
+}
+
+static void abort_during_call(tcc_comm_t *comm) { end_during_call(comm, false); }
+static void destroy_during_call(tcc_comm_t *comm) { end_during_call(comm, true); }
+
 /* Over TCP, small rooted ops are one-sided: a receiver holds back what it
  * owes the root until its next op, or until it is quiet. Only blocking
  * calls here, so no op was ever queued and the collective thread sleeps
@@ -344,6 +396,18 @@ int main(void) {
   CHECK(run_group(2, "shm", 60000, "missing", peer_missing) == 0, "a peer missing, shm");
   atomic_store(shared_flag, 0);
   CHECK(run_group(2, "tcp", 60000, "missing", peer_missing) == 0, "a peer missing, tcp");
+  const char *const specs[] = {"shm", "tcp"};
+  const size_t blocked_counts[] = {2, 1 << 16};
+  for (int k = 0; k < 2; k++)
+    for (int m = 0; m < 2; m++) {
+      blocked_count = blocked_counts[m];
+      atomic_store(shared_flag, 0);
+      CHECK(run_group(2, specs[k], 30000, "ended", abort_during_call) == 0, "abort during a blocking call, %s, %zu",
+            specs[k], blocked_count);
+      atomic_store(shared_flag, 0);
+      CHECK(run_group(2, specs[k], 30000, "ended", destroy_during_call) == 0,
+            "destroy during a blocking call, %s, %zu", specs[k], blocked_count);
+    }
   CHECK(run_group(2, "tcp", 60000, "held", held_output_sent) == 0, "held output, tcp");
   group_rank_setup = setenv_trace;
   CHECK(run_group(3, "shm", 60000, "traced", behind_queued) == 0, "behind queued ops, traced");

@@ -199,25 +199,28 @@ bool tcc__host_coll_run_now(tcc_comm_t *comm, tcc_coll_t *c, int64_t timeout_ms,
                             tcc_err_t *err) {
   tcc_engine_t *e = comm->engine;
   if (!e || atomic_load_explicit(&comm->aborted, memory_order_relaxed) || !claim(e, RUNNER_WAITER)) return false;
+  /* What an op's reference does for a waiter: a destroy on another thread,
+   * which waits for the claim to be given back, frees nothing before the
+   * release below is done with the engine. */
+  atomic_fetch_add(&comm->refs, 1);
+  bool ran = false;
   /* As in tcc__host_claim_runner: either this sees the flag, or stop sees
    * the claim and waits for it. */
-  if (atomic_load(&e->waiters_refused)) {
-    tcc__host_release_runner(e);
-    return false;
+  if (!atomic_load(&e->waiters_refused)) {
+    /* Ops numbered up to coll_issued were submitted, those before
+     * coll_next taken: the queue is empty when coll_issued is one less. */
+    const unsigned long long seq = atomic_load_explicit(&e->coll_next, memory_order_relaxed);
+    unsigned long long issued = seq - 1;
+    ran = atomic_compare_exchange_strong(&comm->coll_issued, &issued, seq);
+    if (ran) {
+      atomic_store_explicit(&e->coll_next, seq + 1, memory_order_relaxed); /* the claim's holder moves it */
+      *result = run_collective(comm, c, seq, timeout_ms, tcc__coarse_deadline_after_ms(timeout_ms), err);
+      if (tcc__coll_holds_output(comm)) note_held_output(e);
+    }
   }
-  /* Ops numbered up to coll_issued were submitted, those before coll_next
-   * taken: the queue is empty when coll_issued is one less. */
-  const unsigned long long seq = atomic_load_explicit(&e->coll_next, memory_order_relaxed);
-  unsigned long long issued = seq - 1;
-  if (!atomic_compare_exchange_strong(&comm->coll_issued, &issued, seq)) {
-    tcc__host_release_runner(e);
-    return false;
-  }
-  atomic_store_explicit(&e->coll_next, seq + 1, memory_order_relaxed); /* the claim's holder moves it */
-  *result = run_collective(comm, c, seq, timeout_ms, tcc__coarse_deadline_after_ms(timeout_ms), err);
-  if (tcc__coll_holds_output(comm)) note_held_output(e);
   tcc__host_release_runner(e);
-  return true;
+  tcc__comm_release(comm);
+  return ran;
 }
 
 /* The collective thread, lock held, queue empty: sends what the
