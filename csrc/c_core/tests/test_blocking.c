@@ -65,7 +65,7 @@ static void wait_released(tcc_op_t *op, const char *what) {
     r_;                                                                            \
   })
 
-/* One round of every collective and a send/recv ring on `count` int32 per
+/* One round of every collective and a message between ranks 0 and 1, `count` int32 per
  * block, blocking or not; every output checked. */
 static void every_op(tcc_comm_t *comm, size_t count, int round, bool blocking) {
   const int n = tcc_comm_size(comm), me = tcc_comm_rank(comm), root = round % n;
