@@ -164,11 +164,15 @@ needs_mpicc = pytest.mark.skipif(
                                                     ("reduce_scatter", "shm", "self,vader", []),
                                                     ("reduce", "shm", "self,vader", ["fresh"]),
                                                     ("broadcast", "shm", "self,vader", ["cold"]),
-                                                    ("scatter", "tcp", "self,tcp", [])])
+                                                    ("scatter", "tcp", "self,tcp", []),
+                                                    ("gather", "shm", "self,vader", ["handles"]),
+                                                    ("pingpong", "shm", "self,vader", ["handles"]),
+                                                    ("pingpong", "tcp", "self,tcp", [])])
 def test_core_against_open_mpi_in_the_same_processes(op, transport, btl, extra):
     """csrc/c_core/tests/bench_mpi_pair.c: one line per size, both medians
     (`fresh`: inputs written again before every call; `cold`: 2 MiB through
-    the caches before every call)."""
+    the caches before every call; `handles`: the core's ops issued, waited
+    for and released instead of blocking calls)."""
     core = os.path.join(ROOT, "csrc", "c_core")
     code, out = _run(["make", "-s", "-C", core, "build/bench_mpi_pair"])
     assert code == 0, out

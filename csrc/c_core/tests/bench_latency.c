@@ -106,7 +106,8 @@ static int p2p_once(tcc_comm_t *comm, float *x, int send) {
   const tcc_buf_t b = {x, 2, TCC_FLOAT32, -1, NULL};
   tcc_op_t *op = NULL, **handle = blocking ? NULL : &op;
   const int peer = 1 - tcc_comm_rank(comm);
-  return finished_ok(send ? tcc_send(comm, b, peer, 7, NULL, handle) : tcc_recv(comm, b, peer, 7, NULL, handle), op);
+  const tcc_result_t issued = send ? tcc_send(comm, b, peer, 7, NULL, handle) : tcc_recv(comm, b, peer, 7, NULL, handle);
+  return finished_ok(issued, op); /* op read after the call set it */
 }
 
 /* One round trip; rank 0 checks the reply is its value plus one. */

@@ -73,7 +73,8 @@ static void p2p_core(tcc_comm_t *comm, int send, float *buf, size_t count) {
   const tcc_buf_t b = {buf, count, TCC_FLOAT32, -1, NULL};
   const int peer = 1 - tcc_comm_rank(comm);
   tcc_op_t *op = NULL, **handle = handles ? &op : NULL;
-  finish_core(send ? tcc_send(comm, b, peer, 3, NULL, handle) : tcc_recv(comm, b, peer, 3, NULL, handle), op);
+  const tcc_result_t issued = send ? tcc_send(comm, b, peer, 3, NULL, handle) : tcc_recv(comm, b, peer, 3, NULL, handle);
+  finish_core(issued, op); /* op read after the call set it */
 }
 
 /* One round trip: rank 0 sends `in` and receives into `out`, rank 1 the other way round. */
