@@ -178,8 +178,9 @@ void tcc_comm_destroy(tcc_comm_t *comm);
  * finished, with the op's result (its reason in tcc_last_error()), as an
  * issue followed by tcc_op_wait(op, -1) would. A collective on host memory
  * then runs in the calling thread whenever nothing issued before it is
- * still queued, without the op's bookkeeping: what a program that waits at
- * once should use. */
+ * still queued, without the op's bookkeeping, and so does a small send or
+ * receive on host memory when nothing issued before it goes to or could
+ * take its message: what a program that waits at once should use. */
 
 tcc_result_t tcc_broadcast(tcc_comm_t *comm, tcc_buf_t buf, int root,
                            const tcc_op_opts_t *opts, tcc_op_t **op);

@@ -26,6 +26,17 @@ typedef struct rendezvous {
 
 typedef void (*rank_fn)(tcc_comm_t *comm);
 
+/* A flag the test process and every rank it forks later share (zero at
+ * first); exits when it cannot be mapped. */
+static __attribute__((unused)) atomic_int *group_shared_flag(void) {
+  atomic_int *flag = mmap(NULL, sizeof *flag, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (flag == MAP_FAILED) {
+    perror("mmap");
+    exit(2);
+  }
+  return flag;
+}
+
 /* Set by a rank function that destroyed the communicator itself. */
 static int group_comm_destroyed;
 

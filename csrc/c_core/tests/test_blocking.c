@@ -375,8 +375,7 @@ static void setenv_trace(int rank) {
 }
 
 int main(void) {
-  shared_flag = mmap(NULL, sizeof *shared_flag, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  CHECK(shared_flag != MAP_FAILED, "mmap");
+  shared_flag = group_shared_flag();
   const struct {
     int n;
     const char *spec;

@@ -40,6 +40,18 @@ struct tcc__executor {
    * else; *result is its result and *err says why it failed. False, with
    * nothing done, when it must be submitted as an op. NULL: always false. */
   bool (*run_now)(tcc_comm_t *comm, tcc_coll_t *c, int64_t timeout_ms, tcc_result_t *result, tcc_err_t *err);
+  /* A send or receive whose caller waits for it at once (no op handle),
+   * built but not submitted: runs it in the calling thread when nothing
+   * issued before it waits to be taken; true then, and the op finished
+   * unless destroy began meanwhile (the caller waits for it as for any
+   * op, and keeps its own reference). False, with nothing done, when it
+   * must be submitted. NULL: always false. */
+  bool (*p2p_now)(tcc_comm_t *comm, tcc_op_t *op);
+  /* Before p2p_now: moves the send or receive with no op at all when it
+   * can; true then, with *result its result and *err why it failed.
+   * False, with nothing done, otherwise. NULL: always false. */
+  bool (*p2p_move_now)(tcc_comm_t *comm, tcc_op_kind_t kind, void *buf, size_t bytes, int peer, uint64_t tag,
+                       tcc_result_t *result, tcc_err_t *err);
   /* Why a blocking call (no op handle) on this executor's memory would
    * never return if made now, or NULL when it may be made. NULL entry:
    * always. */

@@ -449,7 +449,18 @@ static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int
     return tcc__fail(TCC_ERR_UNSUPPORTED,
                   "tccomm recv on '%s' (rank %d): receiving from any source needs host memory", comm->name,
                   comm->rank);
+  const tcc__executor_t *exec = buf.device >= 0 ? &tcc__device_executor : &tcc__host_executor;
+  /* A blocking call: run at once by the executor when it can (as a
+   * collective is); not while tracing, which shows every op as issued. */
+  const bool now = !out && !TCC__LOG_ON(TCC__LOG_TRACE);
   if (!out) TRY(check_can_block(comm, w, buf));
+  if (now && exec->p2p_move_now) {
+    tcc_err_t err;
+    tcc__err_reset(&err);
+    tcc_result_t r;
+    if (exec->p2p_move_now(comm, kind, buf.ptr, buf.count * tcc__dtype_size(buf.dtype), peer, tag, &r, &err))
+      return r == TCC_OK ? TCC_OK : tcc__fail_with(&err, r);
+  }
   tcc_op_t *op = op_alloc(comm, kind, opts);
   if (!op) return tcc__fail(TCC_ERR_SYSTEM, "tccomm: out of memory");
   op->peer = peer;
@@ -458,6 +469,7 @@ static tcc_result_t p2p(tcc_comm_t *comm, tcc_op_kind_t kind, tcc_buf_t buf, int
   op->buf = buf.ptr;
   op->bytes = buf.count * tcc__dtype_size(buf.dtype);
   if (out) return submit_op(comm, op, buf, out);
+  if (now && exec->p2p_now && exec->p2p_now(comm, op)) return wait_blocking(op);
   tcc_op_t *issued;
   const tcc_result_t r = submit_op(comm, op, buf, &issued);
   return r == TCC_OK ? wait_blocking(issued) : r;

@@ -5,6 +5,7 @@
  * host_executor.c  the executor table, lifecycle, submit and waiting
  * coll_queue.c     the collective queue and whoever runs it
  * p2p_match.c      the point-to-point thread: matching, rounds, expiry
+ * p2p_now.c        blocking sends and receives run in the calling thread
  * p2p_frame.c      the frame header of a point-to-point message
  *
  * Collectives: a FIFO queue executed strictly in issue order by whoever
@@ -71,6 +72,15 @@
  * next to it. */
 #define P2P_EAGER_BYTES (64u << 10)
 
+/* A message up to this size goes out with its header in one gathered
+ * write: one system call over TCP, one update of the ring's head over
+ * shared memory (one line crossing to the reader). bench_mpi_pair
+ * pingpong over TCP, round trip: 2 KiB 14.0-17.3 -> 10.4-10.7 us, 8 KiB
+ * 16.7-19.6 -> 13.7-14.7, 64 KiB 44-45 -> 34-36. Larger payloads still go
+ * apart from their header, which kept 128 KiB and 256 KiB at 66-89 and
+ * 115-144 us where gathering measured 83-102 and 140-145. */
+#define P2P_GATHER_BYTES (64u << 10)
+
 /* Collectives in flight that the queue's ring holds (more go to its
  * overflow list). */
 #define TCC_COLL_RING 64
@@ -97,8 +107,11 @@ typedef struct peer_state {
   size_t in_discard;       /* bytes still to drop (size mismatch) */
   tcc_op_t *in_op;         /* receive being filled, or NULL */
   /* Bytes read from the stream ahead of the frame being parsed (p2p_match.c:
-   * a small message's header and payload come in one read). */
-  char ahead[256];
+   * a small message's header and payload come in one read). A blocking
+   * receive takes a message that fits here straight from it (p2p_now.c):
+   * at 256 bytes, a 512 B ping-pong over shared memory took 1.34-1.43 us
+   * a round trip, at 1 KiB 1.07-1.11 (Open MPI 1.09-1.18). */
+  char ahead[1024];
   size_t ahead_off, ahead_len;
   unexpected_msg_t *in_unexp; /* buffer being filled, or NULL */
   tcc_result_t broken;        /* TCC_OK while the stream to this peer works */
@@ -206,5 +219,41 @@ void tcc__host_p2p_kick(tcc_comm_t *comm);
 void tcc__host_p2p_wake(tcc_engine_t *e, tcc_comm_t *comm, bool always);
 /* Frees messages that arrived for receives never posted. */
 void tcc__host_free_unexpected(tcc_engine_t *e, int size);
+
+/* The parts of the rounds that p2p_now.c runs too; the caller holds
+ * p2p_progress. */
+/* Why a send or receive failed, naming the op, the group, both ranks and the tag. */
+void tcc__host_p2p_describe_failure(char *msg, size_t len, const tcc_comm_t *comm, tcc_op_kind_t kind, int peer_rank,
+                                    uint64_t tag, const char *cause);
+/* Hands newly submitted p2p ops (a list) to their peers' queues, or to
+ * what arrived for them. */
+void tcc__host_p2p_adopt(tcc_comm_t *comm, tcc_op_t *list);
+/* Moves the bytes of one peer's queued sends, or reads what it sent.
+ * Bytes moved, or -1 when its stream failed (*err). */
+ssize_t tcc__host_p2p_progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err);
+ssize_t tcc__host_p2p_progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err);
+/* The stream to one peer failed: fails its ops (and any-source receives
+ * once no stream is left). */
+void tcc__host_p2p_break_peer(tcc_comm_t *comm, peer_state_t *ps, const tcc_err_t *err);
+/* One round over every peer. */
+void tcc__host_p2p_round(tcc_comm_t *comm);
+/* Ends a caller's round: releases p2p_progress; whether `op` finished. */
+bool tcc__host_p2p_end_caller_round(tcc_engine_t *e, tcc_op_t *op);
+/* tcc__host_drive_p2p once p2p_progress is held (released there). */
+void tcc__host_p2p_drive_held(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns);
+
+/* ---- p2p_now.c ---- */
+/* A send or receive whose caller waits for it at once (the executor's
+ * p2p_now): taken when nothing waits on p2p_new and no other thread runs
+ * rounds; then its own stream moved in this thread with p2p_progress
+ * held from the look to the end, and rounds run until it finished. */
+bool tcc__host_p2p_now(tcc_comm_t *comm, tcc_op_t *op);
+/* The same with no op (the executor's p2p_move_now): a send written
+ * whole when no send to its peer waits before it and the stream takes it
+ * all now; a receive taken when its message lies whole at the front of
+ * its peer's stream, within a while of spinning, and nothing before it
+ * could take that message. */
+bool tcc__host_p2p_move_now(tcc_comm_t *comm, tcc_op_kind_t kind, void *buf, size_t bytes, int peer, uint64_t tag,
+                            tcc_result_t *result, tcc_err_t *err);
 
 #endif /* TCC_HOST_HOST_H */

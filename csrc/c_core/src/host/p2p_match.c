@@ -14,15 +14,20 @@
 #include "host/host.h"
 #include "core/copy.h"
 
-/* Fails a p2p op with a message naming the op, the group, both ranks and the tag. */
+/* Why a send or receive failed, naming the op, the group, both ranks and the tag. */
+void tcc__host_p2p_describe_failure(char *msg, size_t len, const tcc_comm_t *comm, tcc_op_kind_t kind, int peer_rank,
+                                    uint64_t tag, const char *cause) {
+  char peer[32];
+  const int is_send = kind == TCC_OP_SEND;
+  if (peer_rank == TCC_ANY_SOURCE) snprintf(peer, sizeof peer, "any rank");
+  else snprintf(peer, sizeof peer, "rank %d", peer_rank);
+  snprintf(msg, len, "tccomm %s on '%s' (rank %d) %s %s, tag %llu: %.360s", is_send ? "send" : "recv", comm->name,
+           comm->rank, is_send ? "to" : "from", peer, (unsigned long long)tag, cause);
+}
+
 static void fail_p2p_op(tcc_op_t *op, tcc_result_t code, const char *cause) {
-  char msg[TCC_ERRLEN], peer[32];
-  const int is_send = op->kind == TCC_OP_SEND;
-  if (op->peer == TCC_ANY_SOURCE) snprintf(peer, sizeof peer, "any rank");
-  else snprintf(peer, sizeof peer, "rank %d", op->peer);
-  snprintf(msg, sizeof msg, "tccomm %s on '%s' (rank %d) %s %s, tag %llu: %.360s",
-           is_send ? "send" : "recv", op->comm->name, op->comm->rank, is_send ? "to" : "from", peer,
-           (unsigned long long)op->tag, cause);
+  char msg[TCC_ERRLEN];
+  tcc__host_p2p_describe_failure(msg, sizeof msg, op->comm, op->kind, op->peer, op->tag, cause);
   tcc__op_finish(op, code, msg);
 }
 
@@ -136,17 +141,8 @@ static int match_unexpected_any(tcc_comm_t *comm, tcc_op_t *op) {
   return match_unexpected(e, &e->peers[best], op);
 }
 
-/* A message up to this size goes out with its header in one gathered
- * write: one system call over TCP, one update of the ring's head over
- * shared memory (one line crossing to the reader). bench_mpi_pair
- * pingpong over TCP, round trip: 2 KiB 14.0-17.3 -> 10.4-10.7 us, 8 KiB
- * 16.7-19.6 -> 13.7-14.7, 64 KiB 44-45 -> 34-36. Larger payloads still go
- * apart from their header, which kept 128 KiB and 256 KiB at 66-89 and
- * 115-144 us where gathering measured 83-102 and 140-145. */
-#define P2P_GATHER_BYTES (64u << 10)
-
 /* Moves bytes of the sends queued for one peer. Returns bytes moved or -1. */
-static ssize_t progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
+ssize_t tcc__host_p2p_progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
   tcc_engine_t *e = comm->engine;
   ssize_t moved = 0;
   while (ps->send_head) {
@@ -200,7 +196,7 @@ static ssize_t stream_read(tcc_comm_t *comm, int peer, peer_state_t *ps, void *d
 }
 
 /* Reads whatever one peer has sent. Returns bytes moved or -1. */
-static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
+ssize_t tcc__host_p2p_progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
   tcc_engine_t *e = comm->engine;
   ssize_t moved = 0;
   for (;;) {
@@ -275,7 +271,7 @@ static ssize_t progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_e
 }
 
 /* Hands newly submitted p2p ops to their peers' queues. */
-static void adopt_new_p2p_ops(tcc_comm_t *comm, tcc_op_t *list) {
+void tcc__host_p2p_adopt(tcc_comm_t *comm, tcc_op_t *list) {
   tcc_engine_t *e = comm->engine;
   while (list) {
     tcc_op_t *op = list;
@@ -367,7 +363,7 @@ static void expire_p2p_ops(tcc_comm_t *comm, int64_t now, int all, tcc_result_t 
 /* The stream to one peer failed (typically: it closed its communicator
  * after its last op). Only ops involving that peer fail; the streams to
  * the other peers carry on, as they would with separate connections. */
-static void break_peer(tcc_comm_t *comm, peer_state_t *ps, const tcc_err_t *err) {
+void tcc__host_p2p_break_peer(tcc_comm_t *comm, peer_state_t *ps, const tcc_err_t *err) {
   /* A failed communicator ends its own connections to tell its peers
    * (transport `failed`): then its failure, not the stream's end, is why. */
   tcc_err_t own;
@@ -414,7 +410,7 @@ static ssize_t p2p_round_of(tcc_comm_t *comm, bool *want_write, int only_peer) {
     stopping = e->stopping;
     atomic_store_explicit(&e->p2p_news, stopping, memory_order_relaxed); /* once stopping, every round looks */
     pthread_mutex_unlock(&e->lock);
-    adopt_new_p2p_ops(comm, fresh);
+    tcc__host_p2p_adopt(comm, fresh);
   }
 
   if (atomic_load(&comm->aborted) || stopping) {
@@ -438,13 +434,13 @@ static ssize_t p2p_round_of(tcc_comm_t *comm, bool *want_write, int only_peer) {
     if (p == comm->rank || ps->broken != TCC_OK) continue;
     tcc_err_t err;
     tcc__err_reset(&err);
-    ssize_t n = progress_send(comm, p, ps, &err);
+    ssize_t n = tcc__host_p2p_progress_send(comm, p, ps, &err);
     if (n > 0) moved += n;
     if (n >= 0) {
-      n = progress_recv(comm, p, ps, &err);
+      n = tcc__host_p2p_progress_recv(comm, p, ps, &err);
       if (n > 0) moved += n;
     }
-    if (err.code != TCC_OK) break_peer(comm, ps, &err);
+    if (err.code != TCC_OK) tcc__host_p2p_break_peer(comm, ps, &err);
     else want_write[p] = ps->send_head != NULL;
   }
   /* The coarse clock: this runs on every round of a polling waiter, and
@@ -454,6 +450,8 @@ static ssize_t p2p_round_of(tcc_comm_t *comm, bool *want_write, int only_peer) {
 }
 
 static ssize_t p2p_round(tcc_comm_t *comm, bool *want_write) { return p2p_round_of(comm, want_write, TCC_ANY_SOURCE); }
+
+void tcc__host_p2p_round(tcc_comm_t *comm) { p2p_round(comm, comm->engine->waiter_want_write); }
 
 #define P2P_POLL_NS (1000 * 1000LL)                /* 1 ms */
 #define P2P_POLL_WINDOW_NS (2000 * 1000 * 1000LL) /* 2 s */
@@ -599,7 +597,7 @@ void *tcc__host_p2p_thread(void *arg) {
 /* The end of a caller's single round: ops it leaves pending are the p2p
  * thread's P2P_POLL_NS from now (noted while p2p_progress is held: once
  * released, destroy may go on). Returns whether `op` finished. */
-static bool end_caller_round(tcc_engine_t *e, tcc_op_t *op) {
+bool tcc__host_p2p_end_caller_round(tcc_engine_t *e, tcc_op_t *op) {
   const bool finished = atomic_load(&op->finished);
   if (!finished || atomic_load_explicit(&e->p2p_pending, memory_order_relaxed) > 0) note_attended(e);
   pthread_mutex_unlock(&e->p2p_progress);
@@ -618,17 +616,17 @@ bool tcc__host_p2p_round_now(tcc_comm_t *comm, tcc_op_t *op) {
     return atomic_load(&op->finished);
   }
   p2p_round_of(comm, e->waiter_want_write, op->peer);
-  return end_caller_round(e, op);
+  return tcc__host_p2p_end_caller_round(e, op);
 }
 
 bool tcc__host_p2p_submitter_round(tcc_comm_t *comm, tcc_op_t *op, bool adopt) {
   tcc_engine_t *e = comm->engine;
   if (adopt) {
     op->next = NULL;
-    adopt_new_p2p_ops(comm, op);
+    tcc__host_p2p_adopt(comm, op);
   }
   p2p_round_of(comm, e->waiter_want_write, op->peer);
-  return end_caller_round(e, op);
+  return tcc__host_p2p_end_caller_round(e, op);
 }
 
 void tcc__host_p2p_wake(tcc_engine_t *e, tcc_comm_t *comm, bool always) {
@@ -661,6 +659,12 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
     if (tries < comm->cpu_share.spins) tcc_cpu_relax();
     else sched_yield();
   }
+  tcc__host_p2p_drive_held(comm, op, deadline_ns);
+}
+
+/* tcc__host_drive_p2p once p2p_progress is held (released here). */
+void tcc__host_p2p_drive_held(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns) {
+  tcc_engine_t *e = comm->engine;
   pthread_mutex_lock(&e->lock);
   const int go = !e->stopping;
   if (go) e->p2p_waiter_runs = 1;

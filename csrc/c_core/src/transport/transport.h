@@ -135,6 +135,10 @@ typedef struct tcc_transport_ops {
   void (*p2p_wait)(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
   /* Wakes p2p_wait (new local work or abort). Any thread. */
   void (*p2p_notify)(tcc_comm_t *comm);
+  /* Optional: whether a write of `bytes` to `peer` now takes them all
+   * (no other thread writes to the stream meanwhile). NULL: a write may
+   * take a prefix of any size. */
+  bool (*p2p_fits)(tcc_comm_t *comm, int peer, size_t bytes);
   /* Optional: the CPU `peer` last ran on, as it published it (-1: not
    * known), for waits that spin on while it runs elsewhere
    * (core/cpu_share.h; used when comm->cpu_share says so). */

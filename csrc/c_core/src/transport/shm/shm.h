@@ -170,6 +170,7 @@ ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc
 int tcc__shm_peer_cpu(tcc_comm_t *comm, int peer);
 void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
 void tcc__shm_p2p_notify(tcc_comm_t *comm);
+bool tcc__shm_p2p_fits(tcc_comm_t *comm, int peer, size_t bytes);
 /* For a p2p thread that sleeps elsewhere than on this rank's doorbell (a
  * hybrid group's, in TCP's poll), with a relay thread waking it:
  *  - sleep_begin: false when some ring can move bytes now (want_write[p]:

@@ -41,6 +41,26 @@ static void ring_put(shm_ring_t *ring, size_t cap, size_t at, const char *src, s
   tcc__copy(ring->data, src + (cap - at), len - (cap - at));
 }
 
+/* The ring's free bytes, as far as needed: the reader's tail is read
+ * only when the room last seen is smaller than `want` (see
+ * tcc__shm_p2p_write). Only its writer (one thread at a time: the host
+ * executor's p2p_progress) uses up room. */
+static size_t ring_room(shm_state_t *st, int peer, shm_ring_t *ring, uint64_t head, size_t want) {
+  const size_t cap = st->hdr->ring_bytes;
+  size_t space = cap - (size_t)(head - st->tail_seen[peer]);
+  if (space < want) {
+    st->tail_seen[peer] = atomic_load_explicit(&ring->tail, memory_order_acquire);
+    space = cap - (size_t)(head - st->tail_seen[peer]);
+  }
+  return space;
+}
+
+bool tcc__shm_p2p_fits(tcc_comm_t *comm, int peer, size_t bytes) {
+  shm_state_t *st = shm_of(comm);
+  shm_ring_t *ring = shm_ring_of(st, comm->rank, peer);
+  return ring_room(st, peer, ring, atomic_load_explicit(&ring->head, memory_order_relaxed), bytes) >= bytes;
+}
+
 ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt, tcc_err_t *err) {
   shm_state_t *st = shm_of(comm);
   size_t len = 0;
@@ -54,11 +74,7 @@ ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, 
    * small: reading it on every write took the line from the reader each
    * message, a cache miss on the sender's path. A stale tail only
    * understates the room (the tail never goes back). */
-  size_t space = cap - (size_t)(head - st->tail_seen[peer]);
-  if (space < len) {
-    st->tail_seen[peer] = atomic_load_explicit(&ring->tail, memory_order_acquire);
-    space = cap - (size_t)(head - st->tail_seen[peer]);
-  }
+  const size_t space = ring_room(st, peer, ring, head, len);
   size_t n = len < space ? len : space;
   if (n == 0) return 0;
   size_t at = (size_t)(head % cap), left = n;

@@ -293,6 +293,7 @@ static const tcc_transport_ops_t shm_ops = {
     .p2p_read = tcc__shm_p2p_read,
     .p2p_wait = tcc__shm_p2p_wait,
     .p2p_notify = tcc__shm_p2p_notify,
+    .p2p_fits = tcc__shm_p2p_fits,
     .peer_cpu = tcc__shm_peer_cpu,
     .destroy = shm_destroy,
     .failed = tcc__shm_failed,
