@@ -15,9 +15,10 @@
  *    take the message whole, a receive buffer of the wrong size.
  *  - Two threads per rank sending and receiving blocking on one
  *    communicator at once, each on its own tag.
- *  - A peer that exits without destroying, and an abort from another
- *    thread during a blocking receive: the call fails with the code, and
- *    tcc_last_error() names the op, the group, the peer and the cause.
+ *  - A peer that exits without destroying, an abort from another thread
+ *    during a blocking receive, garbage where a record of the shared-memory
+ *    ring starts: the call fails with the code, and tcc_last_error() names
+ *    the op, the group, the peer and the cause.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -30,6 +31,8 @@
 
 #include "check.h"
 #include "group.h"
+
+#include "transport/shm/shm.h"
 
 static tcc_buf_t bytes_of(void *p, size_t n) { return (tcc_buf_t){p, n, TCC_UINT8, -1, NULL}; }
 
@@ -332,6 +335,30 @@ static void abort_during_recv(tcc_comm_t *comm) {
   CHECK(seconds < within_s(2.0), "the blocking recv returned %.2f s after the abort", seconds);
 }
 
+/* Garbage where rank 0's next record to rank 1 starts (a header no
+ * writer makes): rank 1's receive fails naming the corrupt ring, and the
+ * stream stays failed. */
+static uint64_t garbage_header; /* set before the ranks fork */
+
+static void corrupt_record(tcc_comm_t *comm) {
+  uint8_t x[8];
+  pair_barrier(comm);
+  if (tcc_comm_rank(comm) == 0) {
+    shm_ring_t *ring = shm_ring_of(shm_of(comm), 0, 1);
+    const uint64_t at = atomic_load(&ring->head) % shm_of(comm)->hdr->ring_bytes;
+    atomic_store((_Atomic uint64_t *)(void *)(ring->data + at), garbage_header);
+    for (int i = 0; i < 20000 && !atomic_load(shared_flag); i++) usleep(1000);
+    return;
+  }
+  for (int k = 0; k < 2; k++) {
+    const tcc_result_t r = recv_msg(comm, x, sizeof x, 0, 1, k == 0);
+    CHECK(r == TCC_ERR_REMOTE && strstr(tcc_last_error(), "recv") && strstr(tcc_last_error(), "corrupt ring from rank 0"),
+          "receive %d from a corrupt ring (header %#llx): %s: %s", k, (unsigned long long)garbage_header,
+          tcc_result_string(r), tcc_last_error());
+  }
+  atomic_store(shared_flag, 1);
+}
+
 int main(void) {
   shared_flag = group_shared_flag();
   /* Ranks 0 and 1 talk: over shm, tcp, a hybrid's ring (pairs) and its TCP (interleaved). */
@@ -343,6 +370,14 @@ int main(void) {
     CHECK(run_group(n, spec, 60000, "now-others", others_first) == 0, "others first, %d ranks %s", n, spec);
     CHECK(run_group(n, spec, 60000, "now-queued", queued_first) == 0, "queued first, %d ranks %s", n, spec);
     CHECK(run_group(n, spec, 60000, "now-threads", two_threads) == 0, "two threads, %d ranks %s", n, spec);
+  }
+  /* No mark; the mark with a length past the ring; the mark with no length. */
+  const uint64_t garbage[] = {0xdeadbeefcafef00dull, 0x72656331ull << 32 | 0xfffffff0u, 0x72656331ull << 32};
+  for (int k = 0; k < 3; k++) {
+    garbage_header = garbage[k];
+    atomic_store(shared_flag, 0);
+    CHECK(run_group(2, "shm", 30000, "now-corrupt", corrupt_record) == 0, "a corrupt record header %#llx",
+          (unsigned long long)garbage[k]);
   }
   for (size_t g = 0; g < 2; g++) {
     CHECK(run_group(2, specs[g], 30000, "now-exit", peer_exits) == 0, "a peer exits, %s", specs[g]);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_ring.h"
 #include "coll/coll.h"
 #include "coll/stream_frames.h"
 #include "host/p2p_frame.h"
@@ -412,6 +413,52 @@ static void gen_p2p_frame(void) {
   frame_seed("impossible-length", 7, 1024, 3);
 }
 
+/* ---- shared-memory ring records ---- */
+
+/* A ring whose writer wrote records of `sizes` (0-ended) from line
+ * `start_line` on, one header then damaged (`broken`: 1 its mark, 2 a
+ * length of 0, 3 a length past the ring), then reads of `reads` bytes
+ * (0-ended). */
+static void ring_seed(const char *name, uint8_t start_line, const size_t *sizes, int broken, const uint16_t *reads) {
+  fake_ring_t *w = fake_ring_new(1);
+  assert(w);
+  shm_ring_t *ring = shm_ring_of(&w->st, 1, 0);
+  const uint64_t start = (uint64_t)start_line * 64;
+  atomic_store(&ring->head, start);
+  atomic_store(&ring->tail, start);
+  w->tail_seen[0] = start;
+  uint8_t msg[2048];
+  uint64_t second = 0;
+  for (int i = 0; sizes[i]; i++) {
+    if (i == 1) second = atomic_load(&ring->head);
+    for (size_t k = 0; k < sizes[i]; k++) msg[k] = (uint8_t)(k + 13 * (size_t)i);
+    const struct iovec iov = {msg, sizes[i]};
+    tcc_err_t err = {TCC_OK, {0}};
+    assert(tcc__shm_p2p_write(&w->comm, 0, &iov, 1, &err) == (ssize_t)sizes[i]);
+  }
+  _Atomic uint64_t *h = (_Atomic uint64_t *)(void *)(ring->data + second % FAKE_RING_BYTES);
+  if (broken == 1) atomic_store(h, atomic_load(h) ^ (1ull << 40));
+  if (broken == 2) atomic_store(h, atomic_load(h) & ~0xffffffffull);
+  if (broken == 3) atomic_store(h, atomic_load(h) | 0xfffff000u);
+  out_t o = {.len = 0};
+  put8(&o, start_line);
+  put(&o, ring->data, FAKE_RING_BYTES);
+  for (int i = 0; reads[i]; i++) put(&o, &reads[i], sizeof reads[i]);
+  save("shm_ring", name, &o);
+  fake_ring_free(w);
+}
+
+static void gen_shm_ring(void) {
+  const size_t mixed[] = {32, 56, 100, 1000, 0}, wrapping[] = {32, 600, 56, 0}, one[] = {1000, 0};
+  const uint16_t whole[] = {1023, 1023, 1023, 1023, 1023, 0}, parts[] = {9, 99, 999, 1023, 0};
+  ring_seed("records", 0, mixed, 0, whole);
+  ring_seed("wrapping", 60, wrapping, 0, whole);
+  ring_seed("read-in-parts", 3, one, 0, parts);
+  ring_seed("bad-mark", 0, mixed, 1, whole);
+  ring_seed("no-length", 0, mixed, 2, whole);
+  ring_seed("length-past-the-ring", 0, mixed, 3, whole);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) out_root = argv[1];
   gen_blob();
@@ -422,5 +469,6 @@ int main(int argc, char **argv) {
   gen_window();
   gen_segment();
   gen_p2p_frame();
+  gen_shm_ring();
   return 0;
 }

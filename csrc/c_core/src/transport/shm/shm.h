@@ -67,8 +67,8 @@ typedef struct shm_rank_ctrl {
 } shm_rank_ctrl_t;
 
 typedef struct shm_ring {
-  _Alignas(TCC_CACHELINE) atomic_ullong head; /* bytes ever written (producer) */
-  _Alignas(TCC_CACHELINE) atomic_ullong tail; /* bytes ever read (consumer) */
+  _Alignas(TCC_CACHELINE) atomic_ullong head; /* where the writer's next record starts (shm_p2p.c) */
+  _Alignas(TCC_CACHELINE) atomic_ullong tail; /* where the record being read starts */
   _Alignas(TCC_CACHELINE) char data[];
 } shm_ring_t;
 
@@ -91,6 +91,9 @@ typedef struct shm_state {
    * peer's line while that says there is enough. Rounds are serialized
    * (the engine's p2p_progress lock). */
   uint64_t *tail_seen;
+  /* [size] how far this rank has read the record at the tail of each
+   * peer's ring to it (shm_p2p.c; under p2p_progress too). */
+  size_t *rec_read;
 } shm_state_t;
 
 /* Bytes between consecutive rings: the ring and its capacity, page aligned. */

@@ -31,6 +31,30 @@ int tcc__shm_peer_cpu(tcc_comm_t *comm, int peer) {
   return atomic_load_explicit(&shm_ctrl(shm_of(comm), peer)->cpu, memory_order_relaxed);
 }
 
+/* The rings hold records: an 8-byte header, then the record's bytes (one
+ * write's), each record starting on a line of its own. The header says
+ * that the record is there (REC_MARK in its high half, the length in its
+ * low half), so a reader learns it from the line that also carries a
+ * small record's bytes: one line crosses per small message, where a head
+ * counter beside the data made it two (bench/README, "Point-to-point
+ * latency"). Before it publishes a record, the writer clears the header
+ * where the next record will start: the header a reader polls is zero
+ * until a record is there, never bytes of the ring's last lap. So that
+ * it can, a record leaves a line free before the reader's tail.
+ * The head (where the next record starts) is the writer's, kept in the
+ * ring for its own looks at the room; the tail (where the record being
+ * read starts) is the reader's, and how far into that record it read is
+ * its own (st->rec_read). */
+#define REC_ALIGN ((uint64_t)TCC_CACHELINE)
+#define REC_HEADER 8u
+#define REC_MARK 0x72656331ull /* "rec1" */
+
+static uint64_t rec_size(size_t bytes) { return (REC_HEADER + bytes + REC_ALIGN - 1) / REC_ALIGN * REC_ALIGN; }
+
+static _Atomic uint64_t *rec_header(shm_ring_t *ring, size_t cap, uint64_t pos) {
+  return (_Atomic uint64_t *)(void *)(ring->data + pos % cap);
+}
+
 /* Copies len bytes into the ring from position `at` on, wrapping at cap. */
 static void ring_put(shm_ring_t *ring, size_t cap, size_t at, const char *src, size_t len) {
   if (len <= cap - at) {
@@ -41,24 +65,27 @@ static void ring_put(shm_ring_t *ring, size_t cap, size_t at, const char *src, s
   tcc__copy(ring->data, src + (cap - at), len - (cap - at));
 }
 
-/* The ring's free bytes, as far as needed: the reader's tail is read
- * only when the room last seen is smaller than `want` (see
- * tcc__shm_p2p_write). Only its writer (one thread at a time: the host
- * executor's p2p_progress) uses up room. */
-static size_t ring_room(shm_state_t *st, int peer, shm_ring_t *ring, uint64_t head, size_t want) {
-  const size_t cap = st->hdr->ring_bytes;
-  size_t space = cap - (size_t)(head - st->tail_seen[peer]);
-  if (space < want) {
+/* The payload bytes a record written now may hold, as far as needed: the
+ * reader's tail is read only when the room last seen is too small for
+ * `want` (reading it on every write took the line from the reader each
+ * message, a cache miss on the sender's path; a stale tail only
+ * understates the room: it never goes back). Only its writer (one thread
+ * at a time: the host executor's p2p_progress) uses up room. */
+static size_t record_room(shm_state_t *st, int peer, shm_ring_t *ring, uint64_t head, size_t want) {
+  const uint64_t cap = st->hdr->ring_bytes;
+  uint64_t used = head - st->tail_seen[peer];
+  if (rec_size(want) + REC_ALIGN > cap - used) {
     st->tail_seen[peer] = atomic_load_explicit(&ring->tail, memory_order_acquire);
-    space = cap - (size_t)(head - st->tail_seen[peer]);
+    used = head - st->tail_seen[peer];
   }
-  return space;
+  const uint64_t free_bytes = cap - used - REC_ALIGN; /* the line before the tail stays free */
+  return free_bytes < REC_ALIGN ? 0 : (size_t)(free_bytes - REC_HEADER);
 }
 
 bool tcc__shm_p2p_fits(tcc_comm_t *comm, int peer, size_t bytes) {
   shm_state_t *st = shm_of(comm);
   shm_ring_t *ring = shm_ring_of(st, comm->rank, peer);
-  return ring_room(st, peer, ring, atomic_load_explicit(&ring->head, memory_order_relaxed), bytes) >= bytes;
+  return record_room(st, peer, ring, atomic_load_explicit(&ring->head, memory_order_relaxed), bytes) >= bytes;
 }
 
 ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt, tcc_err_t *err) {
@@ -69,15 +96,11 @@ ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, 
   if (tcc__shm_peer_check(comm, st, peer, false, "point-to-point stream", err) != TCC_OK) return -1;
   shm_ring_t *ring = shm_ring_of(st, comm->rank, peer);
   const size_t cap = st->hdr->ring_bytes;
-  uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
-  /* The reader's tail line is read only when the room last seen is too
-   * small: reading it on every write took the line from the reader each
-   * message, a cache miss on the sender's path. A stale tail only
-   * understates the room (the tail never goes back). */
-  const size_t space = ring_room(st, peer, ring, head, len);
-  size_t n = len < space ? len : space;
+  const uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
+  const size_t room = record_room(st, peer, ring, head, len);
+  const size_t n = len < room ? len : room;
   if (n == 0) return 0;
-  size_t at = (size_t)(head % cap), left = n;
+  size_t at = (size_t)((head + REC_HEADER) % cap), left = n;
   for (int i = 0; i < iovcnt && left > 0; i++) {
     const size_t k = iov[i].iov_len < left ? iov[i].iov_len : left;
     ring_put(ring, cap, at, iov[i].iov_base, k);
@@ -85,56 +108,83 @@ ssize_t tcc__shm_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, 
     if (at >= cap) at -= cap;
     left -= k;
   }
-  /* One head update for all the parts: the reader sees them together. */
-  atomic_store_explicit(&ring->head, head + n, memory_order_seq_cst);
+  const uint64_t next = head + rec_size(n);
+  atomic_store_explicit(rec_header(ring, cap, next), 0, memory_order_relaxed);
+  /* One header for all the parts: the reader sees them together, and
+   * the cleared header after them (the store releases both). */
+  atomic_store_explicit(rec_header(ring, cap, head), REC_MARK << 32 | n, memory_order_seq_cst);
+  atomic_store_explicit(&ring->head, next, memory_order_relaxed);
   ring_doorbell(st, peer);
   publish_cpu(comm, st);
   return (ssize_t)n;
 }
 
+/* The length of the record at `tail`, of which `off` bytes were read: 0
+ * when none is there yet, or -1 (*err) when its header is not one a
+ * writer makes. */
+static ssize_t record_at(tcc_comm_t *comm, int peer, shm_ring_t *ring, size_t cap, uint64_t tail, size_t off,
+                         tcc_err_t *err) {
+  const uint64_t h = atomic_load_explicit(rec_header(ring, cap, tail), memory_order_acquire);
+  if (h == 0 && off == 0) return 0;
+  const uint64_t n = h & 0xffffffffu;
+  if (h >> 32 == REC_MARK && n > off && rec_size(n) + REC_ALIGN <= cap) return (ssize_t)n;
+  tcc__err_set(err, TCC_ERR_REMOTE,
+               "tccomm p2p on '%s' (rank %d): corrupt ring from rank %d: record header %#llx at byte %llu; no "
+               "further message from rank %d can be trusted",
+               comm->name, tcc__self_label(comm), tcc__rank_label(comm, peer), (unsigned long long)h,
+               (unsigned long long)tail, tcc__rank_label(comm, peer));
+  return -1;
+}
+
+/* Reads from one record a call, the one at the tail: the header after it
+ * is most often the one the writer has just cleared, and a look at it
+ * would cost the reader a miss on its way to the message it has. */
 ssize_t tcc__shm_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err) {
   shm_state_t *st = shm_of(comm);
   shm_ring_t *ring = shm_ring_of(st, peer, comm->rank);
   const size_t cap = st->hdr->ring_bytes;
-  uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_relaxed);
-  /* The line the next bytes land in, asked for before the head: when
-   * they are there, the two misses overlap instead of following each
-   * other (the head's line, then the data's). */
-  __builtin_prefetch(ring->data + tail % cap);
-  uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
-  size_t avail = (size_t)(head - tail);
-  size_t n = len < avail ? len : avail;
+  const uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_relaxed);
+  const size_t off = st->rec_read[peer];
+  const ssize_t n = record_at(comm, peer, ring, cap, tail, off, err);
+  if (n < 0) return -1;
   if (n == 0) {
     /* What a peer wrote before it went is still read; after that, nothing
-     * more can come. The head is read again after the check: bytes written
-     * just before the peer went must not be lost. */
+     * more can come. The header is read again after the check: a record
+     * written just before the peer went must not be lost. */
     if (tcc__shm_peer_check(comm, st, peer, false, "point-to-point stream", err) == TCC_OK) return 0;
-    if (atomic_load_explicit(&ring->head, memory_order_acquire) != head) {
+    if (atomic_load_explicit(rec_header(ring, cap, tail), memory_order_acquire) != 0) {
       err->code = TCC_OK;
       err->msg[0] = 0;
       return 0;
     }
     return -1;
   }
-  size_t at = (size_t)(tail % cap);
-  size_t first = n < cap - at ? n : cap - at;
+  const size_t take = (size_t)n - off < len ? (size_t)n - off : len;
+  const size_t at = (size_t)((tail + REC_HEADER + off) % cap);
+  const size_t first = take < cap - at ? take : cap - at;
   tcc__copy(buf, ring->data + at, first);
-  tcc__copy((char *)buf + first, ring->data, n - first);
-  atomic_store_explicit(&ring->tail, tail + n, memory_order_seq_cst);
-  ring_doorbell(st, peer); /* the writer may be waiting for space */
+  tcc__copy((char *)buf + first, ring->data, take - first);
+  if (off + take < (size_t)n) {
+    st->rec_read[peer] = off + take;
+  } else { /* the record read whole: the writer may have been waiting for its room */
+    st->rec_read[peer] = 0;
+    atomic_store_explicit(&ring->tail, tail + rec_size((size_t)n), memory_order_seq_cst);
+    ring_doorbell(st, peer);
+  }
   publish_cpu(comm, st);
-  return (ssize_t)n;
+  return (ssize_t)take;
 }
 
 /* True when some ring can move bytes for us right now. */
 static bool p2p_ready(tcc_comm_t *comm, shm_state_t *st, const bool *want_write) {
+  const size_t cap = st->hdr->ring_bytes;
   for (int p = 0; p < comm->size; p++) {
     if (p == comm->rank) continue;
     shm_ring_t *in = shm_ring_of(st, p, comm->rank);
-    if (atomic_load(&in->head) != atomic_load(&in->tail)) return true;
+    if (atomic_load(rec_header(in, cap, atomic_load(&in->tail))) != 0) return true;
     if (want_write[p]) {
       shm_ring_t *out = shm_ring_of(st, comm->rank, p);
-      if (atomic_load(&out->head) - atomic_load(&out->tail) < st->hdr->ring_bytes) return true;
+      if (atomic_load(&out->head) - atomic_load(&out->tail) + 2 * REC_ALIGN <= cap) return true;
     }
   }
   return false;

@@ -215,6 +215,7 @@ static void shm_destroy(tcc_comm_t *comm);
 
 static void free_state(shm_state_t *st) {
   free(st->tail_seen);
+  free(st->rec_read);
   free(st);
 }
 
@@ -223,7 +224,8 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   tcc__shm_reap_once();
   shm_state_t *st = calloc(1, sizeof *st);
   if (st) st->tail_seen = calloc((size_t)comm->size, sizeof *st->tail_seen);
-  if (!st || !st->tail_seen) {
+  if (st) st->rec_read = calloc((size_t)comm->size, sizeof *st->rec_read);
+  if (!st || !st->tail_seen || !st->rec_read) {
     if (st) free_state(st);
     return tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm: out of memory");
   }
