@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +36,43 @@ static __attribute__((unused)) atomic_int *group_shared_flag(void) {
     exit(2);
   }
   return flag;
+}
+
+/* Why this machine does not let one process read another's memory at all
+ * (seccomp may forbid the call), or NULL when it does: tests of
+ * single-copy movement skip, with the reason, where it does not. */
+static __attribute__((unused)) const char *group_cma_unavailable(void) {
+  static uint64_t word = 0x5eed;
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  pid_t child = fork();
+  if (child == 0) {
+    uint64_t seen = 0;
+    struct iovec local = {&seen, sizeof seen}, far = {&word, sizeof word};
+    char ok = process_vm_readv(getppid(), &local, 1, &far, 1, 0) == (ssize_t)sizeof seen && seen == word;
+    if (write(fds[1], &ok, 1) != 1) _exit(1);
+    _exit(0);
+  }
+  char ok = 0;
+  if (read(fds[0], &ok, 1) != 1) ok = 0;
+  waitpid(child, NULL, 0);
+  close(fds[0]);
+  close(fds[1]);
+  return ok ? NULL : "process_vm_readv is refused on this machine (ptrace policy or seccomp)";
+}
+
+/* A send (`sending`) or receive of n bytes, blocking (no op handle) or
+ * with a handle waited for at once. */
+static __attribute__((unused)) tcc_result_t group_move_bytes(tcc_comm_t *comm, bool sending, uint8_t *p, size_t n,
+                                                             int peer, uint64_t tag, bool blocking) {
+  const tcc_buf_t b = {p, n, TCC_UINT8, -1, NULL};
+  tcc_op_t *op = NULL, **handle = blocking ? NULL : &op;
+  tcc_result_t r = sending ? tcc_send(comm, b, peer, tag, NULL, handle) : tcc_recv(comm, b, peer, tag, NULL, handle);
+  if (r == TCC_OK && op) {
+    r = tcc_op_wait(op, -1);
+    tcc_op_release(op);
+  }
+  return r;
 }
 
 /* Set by a rank function that destroyed the communicator itself. */

@@ -324,29 +324,6 @@ static void rank_setup(int rank) {
   }
 }
 
-/* Whether this machine lets one process read another's memory at all
- * (seccomp may forbid the call): the groups that need it are skipped,
- * with the reason, where it does not. */
-static const char *cma_unavailable(void) {
-  static uint64_t word = 0x5eed;
-  int fds[2];
-  if (pipe(fds) != 0) return "pipe failed";
-  pid_t child = fork();
-  if (child == 0) {
-    uint64_t seen = 0;
-    struct iovec local = {&seen, sizeof seen}, far = {&word, sizeof word};
-    char ok = process_vm_readv(getppid(), &local, 1, &far, 1, 0) == (ssize_t)sizeof seen && seen == word;
-    if (write(fds[1], &ok, 1) != 1) _exit(1);
-    _exit(0);
-  }
-  char ok = 0;
-  if (read(fds[0], &ok, 1) != 1) ok = 0;
-  waitpid(child, NULL, 0);
-  close(fds[0]);
-  close(fds[1]);
-  return ok ? NULL : "process_vm_readv is refused on this machine (ptrace policy or seccomp)";
-}
-
 int main(void) {
   alarm(600); /* a hang fails the test instead of blocking CI */
   unsetenv("TCCOMM_TRANSPORT");
@@ -359,7 +336,7 @@ int main(void) {
   setenv("TCCOMM_SHM_WINDOW_BYTES", window, 1);
   verdicts = mmap(NULL, MAX_N * sizeof *verdicts, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   group_rank_setup = rank_setup;
-  const char *unavailable = cma_unavailable();
+  const char *unavailable = group_cma_unavailable();
   const struct { const char *name; group_kind_t kind; int n; size_t threshold; } groups[] = {
       {"direct", GROUP_DIRECT, 2, 16384},   {"direct", GROUP_DIRECT, 3, 16384},   {"direct", GROUP_DIRECT, 4, 16384},
       {"one-off", GROUP_ONE_OFF, 3, 16384}, {"refused", GROUP_REFUSED, 2, 16384}, {"direct", GROUP_DIRECT, 3, 4},

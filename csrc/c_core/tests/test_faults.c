@@ -214,7 +214,7 @@ static void bounded_wait(tcc_comm_t *comm) {
 static void corrupt_p2p_stream(tcc_comm_t *comm) {
   if (tcc_comm_rank(comm) == 1) {
     tcc_p2p_frame_t f;
-    tcc__p2p_frame_make(&f, 5, 100);
+    tcc__p2p_frame_make(&f, TCC_P2P_DATA, 5, 100);
     f.bytes = 1ull << 40;
     tcc_err_t err = {TCC_OK, {0}};
     size_t sent = 0;

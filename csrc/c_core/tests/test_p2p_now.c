@@ -52,26 +52,13 @@ static size_t wrong_bytes(const uint8_t *p, size_t n, int from, int m) {
   return bad;
 }
 
-/* A send (`sending`) or receive of n bytes, blocking or with a handle
- * waited for at once. */
-static tcc_result_t move_msg(tcc_comm_t *comm, bool sending, uint8_t *p, size_t n, int peer, uint64_t tag,
-                             bool blocking) {
-  tcc_op_t *op = NULL, **handle = blocking ? NULL : &op;
-  tcc_result_t r = sending ? tcc_send(comm, bytes_of(p, n), peer, tag, NULL, handle)
-                           : tcc_recv(comm, bytes_of(p, n), peer, tag, NULL, handle);
-  if (r == TCC_OK && op) {
-    r = tcc_op_wait(op, -1);
-    tcc_op_release(op);
-  }
-  return r;
-}
 
 static tcc_result_t send_msg(tcc_comm_t *comm, uint8_t *p, size_t n, int peer, uint64_t tag, bool blocking) {
-  return move_msg(comm, true, p, n, peer, tag, blocking);
+  return group_move_bytes(comm, true, p, n, peer, tag, blocking);
 }
 
 static tcc_result_t recv_msg(tcc_comm_t *comm, uint8_t *p, size_t n, int peer, uint64_t tag, bool blocking) {
-  return move_msg(comm, false, p, n, peer, tag, blocking);
+  return group_move_bytes(comm, false, p, n, peer, tag, blocking);
 }
 
 /* The read-ahead buffer holds 1024 bytes, a frame header 24: 1000 is the

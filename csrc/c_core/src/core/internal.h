@@ -90,6 +90,7 @@ struct tcc_op {
   void *buf;
   size_t bytes;
   size_t done_bytes;   /* p2p progress, header included */
+  bool by_ref;         /* a send whose frame is a reference (host/p2p_direct.c) */
   int64_t timeout_ms;
   int64_t deadline_ns; /* set when the op starts (tcc__op_begin) */
   atomic_int started;  /* 1 from then on: read by other threads (tcc_op_started) */

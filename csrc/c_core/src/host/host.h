@@ -6,6 +6,7 @@
  * coll_queue.c     the collective queue and whoever runs it
  * p2p_match.c      the point-to-point thread: matching, rounds, expiry
  * p2p_now.c        blocking sends and receives run in the calling thread
+ * p2p_direct.c     messages by reference, read once from the sender's memory
  * p2p_frame.c      the frame header of a point-to-point message
  *
  * Collectives: a FIFO queue executed strictly in issue order by whoever
@@ -114,6 +115,16 @@ typedef struct peer_state {
   char ahead[1024];
   size_t ahead_off, ahead_len;
   unexpected_msg_t *in_unexp; /* buffer being filled, or NULL */
+  bool in_ref;                /* the payload being read is in_ref_body (a reference frame's) */
+  tcc_p2p_ref_t in_ref_body;
+  /* Single-copy messages (p2p_direct.c): sends whose reference frame went
+   * out, waiting for the peer's done frame; the done frames owed to the
+   * peer (tokens dones[dones_first..dones_len), the first done_sent bytes
+   * of the first one written). */
+  tcc_op_t *await_head, *await_tail;
+  uint64_t *dones;
+  size_t dones_first, dones_len, dones_cap, done_sent;
+  uint64_t ref_bytes_sent; /* bytes of the messages sent by reference (what tests see of the path) */
   tcc_result_t broken;        /* TCC_OK while the stream to this peer works */
   char broken_msg[TCC_ERRLEN];
 } peer_state_t;
@@ -217,8 +228,33 @@ void tcc__host_p2p_kick(tcc_comm_t *comm);
 /* Wakes the p2p thread to look at new ops: signals it when it sleeps on
  * p2p_cv untimed (or `always`), notifies the transport when it runs rounds. */
 void tcc__host_p2p_wake(tcc_engine_t *e, tcc_comm_t *comm, bool always);
-/* Frees messages that arrived for receives never posted. */
+/* Frees messages that arrived for receives never posted (and the done
+ * frames owed). */
 void tcc__host_free_unexpected(tcc_engine_t *e, int size);
+
+/* ---- p2p_direct.c ---- */
+/* Whether a send's frame is a reference (decided when its frame starts). */
+bool tcc__host_p2p_goes_by_ref(tcc_comm_t *comm, const tcc_op_t *op);
+/* The frame of a send (data: its header; reference: header and
+ * reference) into *f and *ref; the bytes of the frame on the stream. */
+size_t tcc__host_p2p_send_frame(const tcc_op_t *op, tcc_p2p_frame_t *f, tcc_p2p_ref_t *ref);
+/* A send whose reference frame went out waits for the peer's done frame. */
+void tcc__host_p2p_await_done(peer_state_t *ps, tcc_op_t *op);
+/* The send a done frame for `token` answers, unlinked; NULL (and *err)
+ * when no send awaits one. */
+tcc_op_t *tcc__host_p2p_done_arrived(tcc_comm_t *comm, int peer, peer_state_t *ps, uint64_t token, tcc_err_t *err);
+/* Reads a message of `bytes` that came by reference into dst (room for
+ * dst_bytes; `seq` names the receive) and owes the sender its done frame,
+ * whatever the outcome: the sender's buffer is free once the receiver has
+ * done with it. TCC_OK, or why the receive fails (`cause`). */
+tcc_result_t tcc__host_p2p_read_ref(tcc_comm_t *comm, int peer, peer_state_t *ps, void *dst, size_t dst_bytes,
+                                    size_t bytes, const tcc_p2p_ref_t *ref, uint64_t seq, char *cause,
+                                    size_t cause_len);
+/* Writes the done frames owed to a peer, when no other frame is part
+ * written. Bytes moved, or -1 when its stream failed (*err). */
+ssize_t tcc__host_p2p_send_dones(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err);
+/* Frees the done frames still owed. */
+void tcc__host_p2p_free_dones(peer_state_t *ps);
 
 /* The parts of the rounds that p2p_now.c runs too; the caller holds
  * p2p_progress. */

@@ -141,37 +141,62 @@ static int match_unexpected_any(tcc_comm_t *comm, tcc_op_t *op) {
   return match_unexpected(e, &e->peers[best], op);
 }
 
-/* Moves bytes of the sends queued for one peer. Returns bytes moved or -1. */
+/* Writes what is left of a send's frame: header then payload (a data
+ * frame) or reference. Returns bytes moved or -1. */
+static ssize_t write_frame(tcc_comm_t *comm, int peer, tcc_op_t *op, tcc_err_t *err) {
+  if (op->done_bytes == 0) op->by_ref = tcc__host_p2p_goes_by_ref(comm, op);
+  struct {
+    tcc_p2p_frame_t h;
+    tcc_p2p_ref_t ref;
+  } head;
+  const size_t total = tcc__host_p2p_send_frame(op, &head.h, &head.ref);
+  const size_t head_bytes = op->by_ref ? sizeof head : sizeof head.h;
+  ssize_t moved = 0;
+  while (op->done_bytes < total) {
+    struct iovec iov[2];
+    int parts = 0;
+    if (op->done_bytes < head_bytes) {
+      iov[parts++] = (struct iovec){(char *)&head + op->done_bytes, head_bytes - op->done_bytes};
+      if (!op->by_ref && op->bytes && op->bytes <= P2P_GATHER_BYTES) iov[parts++] = (struct iovec){op->buf, op->bytes};
+    } else {
+      const size_t off = op->done_bytes - head_bytes;
+      iov[parts++] = (struct iovec){(char *)op->buf + off, op->bytes - off};
+    }
+    /* A write may take a prefix: the rest goes on from done_bytes. */
+    const ssize_t n = comm->ops->p2p_write(comm, peer, iov, parts, err);
+    if (n < 0) return -1;
+    if (n == 0) return moved;
+    op->done_bytes += (size_t)n;
+    moved += n;
+  }
+  return moved;
+}
+
+/* Moves bytes of the sends queued for one peer, and the done frames owed
+ * to it between them. Returns bytes moved or -1. */
 ssize_t tcc__host_p2p_progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
   tcc_engine_t *e = comm->engine;
   ssize_t moved = 0;
-  while (ps->send_head) {
-    tcc_op_t *op = ps->send_head;
-    size_t total = sizeof(tcc_p2p_frame_t) + op->bytes;
-    while (op->done_bytes < total) {
-      tcc_p2p_frame_t h;
-      struct iovec iov[2];
-      int parts = 0;
-      if (op->done_bytes < sizeof h) {
-        tcc__p2p_frame_make(&h, op->tag, op->bytes);
-        iov[parts++] = (struct iovec){(char *)&h + op->done_bytes, sizeof h - op->done_bytes};
-        if (op->bytes && op->bytes <= P2P_GATHER_BYTES) iov[parts++] = (struct iovec){op->buf, op->bytes};
-      } else {
-        const size_t off = op->done_bytes - sizeof h;
-        iov[parts++] = (struct iovec){(char *)op->buf + off, op->bytes - off};
-      }
-      /* A write may take a prefix: the rest goes on from done_bytes. */
-      const ssize_t n = comm->ops->p2p_write(comm, peer, iov, parts, err);
+  for (;;) {
+    if (ps->dones_len > 0) {
+      const ssize_t n = tcc__host_p2p_send_dones(comm, peer, ps, err);
       if (n < 0) return -1;
-      if (n == 0) return moved;
-      op->done_bytes += (size_t)n;
       moved += n;
+      if (ps->done_sent > 0) return moved; /* the stream is full */
     }
+    tcc_op_t *op = ps->send_head;
+    if (!op) return moved;
+    const ssize_t n = write_frame(comm, peer, op, err);
+    if (n < 0) return -1;
+    moved += n;
+    tcc_p2p_frame_t h;
+    tcc_p2p_ref_t ref;
+    if (op->done_bytes < tcc__host_p2p_send_frame(op, &h, &ref)) return moved;
     ps->send_head = op->next;
     if (!ps->send_head) ps->send_tail = NULL;
-    finish_p2p(e, op, TCC_OK, NULL);
+    if (op->by_ref) tcc__host_p2p_await_done(ps, op);
+    else finish_p2p(e, op, TCC_OK, NULL);
   }
-  return moved;
 }
 
 /* Reads up to len bytes of peer's stream into dst: the transport's read,
@@ -195,6 +220,64 @@ static ssize_t stream_read(tcc_comm_t *comm, int peer, peer_state_t *ps, void *d
   return (ssize_t)n;
 }
 
+/* A buffer for the message whose header is ps->in_hdr, which no posted
+ * receive matched; NULL (*err) when out of memory. */
+static unexpected_msg_t *buffer_arrival(tcc_comm_t *comm, peer_state_t *ps, tcc_err_t *err) {
+  const size_t bytes = (size_t)ps->in_hdr.bytes;
+  unexpected_msg_t *m = calloc(1, sizeof *m);
+  void *data = bytes ? malloc(bytes) : NULL;
+  if (!m || (bytes && !data)) {
+    free(m);
+    free(data);
+    tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm p2p on '%s' (rank %d): out of memory buffering %zu bytes", comm->name,
+                 comm->rank, bytes);
+    return NULL;
+  }
+  m->tag = ps->in_hdr.tag;
+  m->arrival = ++comm->engine->arrived;
+  m->bytes = bytes;
+  m->data = data;
+  return m;
+}
+
+/* Lists a buffered message behind those that arrived before it. */
+static void list_arrival(peer_state_t *ps, unexpected_msg_t *m) {
+  if (ps->unexp_tail) ps->unexp_tail->next = m; else ps->unexp_head = m;
+  ps->unexp_tail = m;
+}
+
+/* A reference frame arrived whole (ps->in_hdr, ps->in_ref_body): the
+ * message is read into the receive it matches, or, when none is posted,
+ * into a buffer as a data frame's payload would be: the send completes
+ * once this rank's rounds took it, as it would through the stream, and
+ * two ranks that both send before they receive go on. Its answer goes at
+ * once, unless a frame to the peer is part written. */
+static tcc_result_t ref_arrived(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
+  if (tcc__p2p_ref_check(comm, peer, &ps->in_ref_body, err) != TCC_OK) return err->code;
+  tcc_engine_t *e = comm->engine;
+  const size_t bytes = (size_t)ps->in_hdr.bytes;
+  tcc_op_t *op = take_recv_for(e, ps, peer, ps->in_hdr.tag);
+  char cause[TCC_ERRLEN] = "";
+  if (op) {
+    const tcc_result_t r =
+        tcc__host_p2p_read_ref(comm, peer, ps, op->buf, op->bytes, bytes, &ps->in_ref_body, op->seq, cause, sizeof cause);
+    finish_p2p(e, op, r, cause);
+  } else {
+    unexpected_msg_t *m = buffer_arrival(comm, ps, err);
+    if (!m) return err->code;
+    const tcc_result_t r =
+        tcc__host_p2p_read_ref(comm, peer, ps, m->data, bytes, bytes, &ps->in_ref_body, 0, cause, sizeof cause);
+    if (r != TCC_OK) {
+      free(m->data);
+      free(m);
+      return tcc__err_set(err, r, "tccomm p2p on '%s' (rank %d): taking a message of %zu bytes from rank %d: %s",
+                          comm->name, comm->rank, bytes, peer, cause);
+    }
+    list_arrival(ps, m);
+  }
+  return tcc__host_p2p_send_dones(comm, peer, ps, err) < 0 ? err->code : TCC_OK;
+}
+
 /* Reads whatever one peer has sent. Returns bytes moved or -1. */
 ssize_t tcc__host_p2p_progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps, tcc_err_t *err) {
   tcc_engine_t *e = comm->engine;
@@ -210,31 +293,31 @@ ssize_t tcc__host_p2p_progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps
       if (ps->in_hdr_got < sizeof ps->in_hdr) continue;
       if (tcc__p2p_frame_check(comm, peer, &ps->in_hdr, err) != TCC_OK) return -1;
       ps->in_hdr_got = 0;
+      const tcc_p2p_kind_t kind = tcc__p2p_frame_kind(&ps->in_hdr);
+      if (kind == TCC_P2P_DONE) { /* a send of ours by reference is complete */
+        tcc_op_t *op = tcc__host_p2p_done_arrived(comm, peer, ps, ps->in_hdr.tag, err);
+        if (!op) return -1;
+        finish_p2p(e, op, TCC_OK, NULL);
+        continue;
+      }
       ps->in_payload = 1;
       size_t bytes = (size_t)ps->in_hdr.bytes;
-      tcc_op_t *op = take_recv_for(e, ps, peer, ps->in_hdr.tag);
-      if (op) {
+      tcc_op_t *op = kind == TCC_P2P_REF ? NULL : take_recv_for(e, ps, peer, ps->in_hdr.tag);
+      if (kind == TCC_P2P_REF) { /* the reference first; matched once it is whole */
+        ps->in_ref = true;
+        ps->in_op = NULL;
+        ps->in_dst = (char *)&ps->in_ref_body;
+        ps->in_remaining = sizeof ps->in_ref_body;
+        ps->in_discard = 0;
+      } else if (op) {
         start_payload_into_recv(e, ps, op, bytes);
       } else {
-        unexpected_msg_t *m = calloc(1, sizeof *m);
-        void *data = bytes ? malloc(bytes) : NULL;
-        if (!m || (bytes && !data)) {
-          free(m);
-          free(data);
-          tcc__err_set(err, TCC_ERR_SYSTEM, "tccomm p2p on '%s' (rank %d): out of memory buffering %zu bytes",
-                      comm->name, comm->rank, bytes);
-          return -1;
-        }
-        m->tag = ps->in_hdr.tag;
-        m->arrival = ++e->arrived;
-        m->bytes = bytes;
-        m->data = data;
-        /* Listed now so later messages with the same tag stay behind it. */
-        if (ps->unexp_tail) ps->unexp_tail->next = m; else ps->unexp_head = m;
-        ps->unexp_tail = m;
+        unexpected_msg_t *m = buffer_arrival(comm, ps, err);
+        if (!m) return -1;
+        list_arrival(ps, m); /* now: later messages with the same tag stay behind it */
         ps->in_unexp = m;
         ps->in_op = NULL;
-        ps->in_dst = data;
+        ps->in_dst = m->data;
         ps->in_remaining = bytes;
         ps->in_discard = 0;
       }
@@ -256,7 +339,10 @@ ssize_t tcc__host_p2p_progress_recv(tcc_comm_t *comm, int peer, peer_state_t *ps
       moved += n;
     }
     ps->in_payload = 0;
-    if (ps->in_op) {
+    if (ps->in_ref) {
+      ps->in_ref = false;
+      if (ref_arrived(comm, peer, ps, err) != TCC_OK) return -1;
+    } else if (ps->in_op) {
       tcc_op_t *op = ps->in_op;
       ps->in_op = NULL;
       finish_p2p(e, op, TCC_OK, NULL);
@@ -309,9 +395,12 @@ static int64_t expire_queue(tcc_comm_t *comm, tcc_op_t **head, tcc_op_t **tail, 
       link = &op->next;
       continue;
     }
-    /* A send cut part-way leaves the byte stream unusable. */
+    /* A send cut part-way leaves the byte stream unusable; one whose
+     * reference went out leaves its buffer to a peer that may still read it. */
     if (!all && op->kind == TCC_OP_SEND && op->done_bytes > 0)
-      tcc__comm_fail(comm, TCC_ERR_TIMEOUT, "a point-to-point send timed out part-way");
+      tcc__comm_fail(comm, TCC_ERR_TIMEOUT,
+                     op->by_ref ? "a point-to-point send timed out before its peer read it"
+                                : "a point-to-point send timed out part-way");
     *link = op->next;
     if (*tail == op) *tail = prev;
     char why[TCC_ERRLEN];
@@ -333,6 +422,7 @@ static int64_t earlier(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t expire_peer_ops(tcc_comm_t *comm, peer_state_t *ps, int64_t now, int all,
                                tcc_result_t code, const char *cause) {
   int64_t next = expire_queue(comm, &ps->send_head, &ps->send_tail, now, all, code, cause);
+  next = earlier(next, expire_queue(comm, &ps->await_head, &ps->await_tail, now, all, code, cause));
   next = earlier(next, expire_queue(comm, &ps->recv_head, &ps->recv_tail, now, all, code, cause));
   if (ps->in_op && !all && now <= ps->in_op->deadline_ns) return earlier(next, ps->in_op->deadline_ns);
   if (ps->in_op) {
@@ -391,6 +481,7 @@ void tcc__host_free_unexpected(tcc_engine_t *e, int size) {
       m = next;
     }
     e->peers[p].unexp_head = e->peers[p].unexp_tail = NULL;
+    tcc__host_p2p_free_dones(&e->peers[p]);
   }
 }
 
@@ -441,7 +532,7 @@ static ssize_t p2p_round_of(tcc_comm_t *comm, bool *want_write, int only_peer) {
       if (n > 0) moved += n;
     }
     if (err.code != TCC_OK) tcc__host_p2p_break_peer(comm, ps, &err);
-    else want_write[p] = ps->send_head != NULL;
+    else want_write[p] = ps->send_head != NULL || ps->dones_first < ps->dones_len;
   }
   /* The coarse clock: this runs on every round of a polling waiter, and
    * a deadline met a tick late still fails the op (deadlines are coarse). */
@@ -473,7 +564,18 @@ typedef struct p2p_idle {
   int64_t away_until_ns; /* end of spinning on; 0: not begun */
   bool shared_cpu;       /* the peer, a lower rank, was seen on this CPU (this rank then moves: cpu_share.h) */
   bool blind;            /* may spin without knowing where the peer runs */
+  int64_t away_spin_ns;  /* how long to spin on while the peer runs elsewhere */
 } p2p_idle_t;
+
+/* A send by reference waits while its peer copies the message (p2p_direct.c),
+ * for as long as a copy at 2 GB/s takes beyond TCC_CPU_AWAY_SPIN_NS: a
+ * sleep for it cost a wake-up whose latency showed in every large
+ * message (4 MiB ping-pong over shm: 1.30 ms a round trip sleeping after
+ * 200 us, 0.82 ms spinning on; Open MPI 0.81-0.84). */
+static int64_t away_spin_ns(const tcc_op_t *op) {
+  const int64_t copy_ns = op && op->kind == TCC_OP_SEND && op->by_ref ? (int64_t)(op->bytes / 2) : 0;
+  return TCC_CPU_AWAY_SPIN_NS + copy_ns;
+}
 
 static bool spin_on(tcc_comm_t *comm, p2p_idle_t *idle, int peer) {
   if (peer == TCC_ANY_SOURCE || !comm->cpu_share.spin_while_away || !comm->ops->peer_cpu) return false;
@@ -484,7 +586,7 @@ static bool spin_on(tcc_comm_t *comm, p2p_idle_t *idle, int peer) {
     return false;
   }
   const int64_t now = tcc__now_ns();
-  if (idle->away_until_ns == 0) idle->away_until_ns = now + TCC_CPU_AWAY_SPIN_NS;
+  if (idle->away_until_ns == 0) idle->away_until_ns = now + idle->away_spin_ns;
   return now < idle->away_until_ns;
 }
 
@@ -565,7 +667,7 @@ void *tcc__host_p2p_thread(void *arg) {
   tcc_comm_t *comm = arg;
   tcc_engine_t *e = comm->engine;
   bool *want_write = calloc((size_t)comm->size, sizeof *want_write);
-  p2p_idle_t idle = {0, 0, false, false};
+  p2p_idle_t idle = {0, 0, false, false, TCC_CPU_AWAY_SPIN_NS};
   for (;;) {
     pthread_mutex_lock(&e->lock);
     if (e->stopping && !e->p2p_new_head && e->p2p_pending == 0) {
@@ -576,7 +678,7 @@ void *tcc__host_p2p_thread(void *arg) {
     if (p2p_left_to_callers(e, now)) {
       p2p_thread_sleep(e, now);
       pthread_mutex_unlock(&e->lock);
-      idle = (p2p_idle_t){0, 0, false, false};
+      idle = (p2p_idle_t){0, 0, false, false, TCC_CPU_AWAY_SPIN_NS};
       continue;
     }
     pthread_mutex_unlock(&e->lock);
@@ -584,7 +686,7 @@ void *tcc__host_p2p_thread(void *arg) {
     const ssize_t moved = p2p_round(comm, want_write);
     pthread_mutex_unlock(&e->p2p_progress);
     if (moved > 0) {
-      idle = (p2p_idle_t){0, 0, false, false};
+      idle = (p2p_idle_t){0, 0, false, false, TCC_CPU_AWAY_SPIN_NS};
       continue;
     }
     if (e->p2p_pending == 0) continue;
@@ -671,12 +773,12 @@ void tcc__host_p2p_drive_held(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_n
   pthread_mutex_unlock(&e->lock);
   const bool blind =
       go && waits_blind(comm, op->peer) && tcc__spin_gate_open(&e->waiter_spin_gate, &comm->cpu_share, false);
-  p2p_idle_t idle = {0, 0, false, blind};
+  p2p_idle_t idle = {0, 0, false, blind, away_spin_ns(op)};
   bool shared_cpu = false;
   while (go && !atomic_load(&op->finished)) {
     if (p2p_round(comm, e->waiter_want_write) > 0) {
       shared_cpu |= idle.shared_cpu;
-      idle = (p2p_idle_t){0, 0, false, idle.blind};
+      idle = (p2p_idle_t){0, 0, false, idle.blind, away_spin_ns(op)};
       continue;
     }
     if (atomic_load(&op->finished)) break;

@@ -41,15 +41,16 @@ static bool take_idle_engine(tcc_comm_t *comm) {
   return false;
 }
 
-/* The direction of its own stream that op moves: a send's bytes out, a
- * receive's in (their peer's stream broke: adopting failed the op). */
+/* The direction of its own stream that op moves: a send's bytes out (and
+ * in, for the answer to a reference: p2p_direct.c), a receive's in (their
+ * peer's stream broke: adopting failed the op). */
 static void move_own_stream(tcc_comm_t *comm, tcc_op_t *op) {
   peer_state_t *ps = &comm->engine->peers[op->peer];
   if (ps->broken != TCC_OK) return;
   tcc_err_t err;
   tcc__err_reset(&err);
-  const ssize_t n = op->kind == TCC_OP_SEND ? tcc__host_p2p_progress_send(comm, op->peer, ps, &err)
-                                            : tcc__host_p2p_progress_recv(comm, op->peer, ps, &err);
+  ssize_t n = op->kind == TCC_OP_SEND ? tcc__host_p2p_progress_send(comm, op->peer, ps, &err) : 0;
+  if (n >= 0 && (op->kind == TCC_OP_RECV || op->by_ref)) n = tcc__host_p2p_progress_recv(comm, op->peer, ps, &err);
   if (n < 0) tcc__host_p2p_break_peer(comm, ps, &err);
 }
 
@@ -85,14 +86,16 @@ bool tcc__host_p2p_now(tcc_comm_t *comm, tcc_op_t *op) {
 static bool send_whole(tcc_comm_t *comm, const void *buf, size_t bytes, int peer, uint64_t tag, tcc_err_t *err) {
   const size_t total = sizeof(tcc_p2p_frame_t) + bytes;
   if (!comm->ops->p2p_fits || bytes > P2P_GATHER_BYTES || !take_idle_engine(comm)) return false;
+  /* Within the threshold of single-copy messages too (p2p_direct.c). */
   tcc_engine_t *e = comm->engine;
   peer_state_t *ps = &e->peers[peer];
-  if (ps->send_head || ps->broken != TCC_OK || !comm->ops->p2p_fits(comm, peer, total)) {
+  if (ps->send_head || ps->done_sent > 0 || ps->broken != TCC_OK || !comm->ops->p2p_fits(comm, peer, total) ||
+      (comm->ops->p2p_direct && bytes > 0 && comm->ops->p2p_direct(comm, peer, bytes))) {
     pthread_mutex_unlock(&e->p2p_progress);
     return false;
   }
   tcc_p2p_frame_t h;
-  tcc__p2p_frame_make(&h, tag, bytes);
+  tcc__p2p_frame_make(&h, TCC_P2P_DATA, tag, bytes);
   const struct iovec iov[2] = {{&h, sizeof h}, {(void *)buf, bytes}};
   const ssize_t n = comm->ops->p2p_write(comm, peer, iov, bytes ? 2 : 1, err);
   if (n >= 0 && (size_t)n != total) /* the rest would never follow: the stream is out of step */
@@ -119,7 +122,7 @@ static int take_whole_frame(tcc_comm_t *comm, int peer, peer_state_t *ps, uint64
   tcc_p2p_frame_t h;
   if (have < sizeof h) return 2;
   memcpy(&h, ps->ahead + ps->ahead_off, sizeof h);
-  if (h.tag != tag || h.bytes != bytes || have - sizeof h < bytes) return 2;
+  if (h.magic != TCC_P2P_FRAME_MAGIC || h.tag != tag || h.bytes != bytes || have - sizeof h < bytes) return 2;
   tcc_err_t bad;
   if (tcc__p2p_frame_check(comm, peer, &h, &bad) != TCC_OK) return 2;
   memcpy(buf, ps->ahead + ps->ahead_off + sizeof h, bytes);

@@ -139,6 +139,15 @@ typedef struct tcc_transport_ops {
    * (no other thread writes to the stream meanwhile). NULL: a write may
    * take a prefix of any size. */
   bool (*p2p_fits)(tcc_comm_t *comm, int peer, size_t bytes);
+  /* Optional, both or neither: single-copy messages (host/p2p_direct.c).
+   * p2p_direct: whether a message of `bytes` to `peer` may go by
+   * reference, the peer reading it from this process's memory with its
+   * p2p_peer_read (the peer said it can read every rank). p2p_peer_read:
+   * len bytes at `remote` in peer's memory into dst, for receive number
+   * `seq`; TCC_OK, or an error naming the peer and the cause. */
+  bool (*p2p_direct)(tcc_comm_t *comm, int peer, size_t bytes);
+  tcc_result_t (*p2p_peer_read)(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len, uint64_t seq,
+                                tcc_err_t *err);
   /* Optional: the CPU `peer` last ran on, as it published it (-1: not
    * known), for waits that spin on while it runs elsewhere
    * (core/cpu_share.h; used when comm->cpu_share says so). */

@@ -392,25 +392,38 @@ static void gen_segment(void) {
 
 /* ---- point-to-point frame headers ---- */
 
-static void frame_seed(const char *name, uint64_t tag, uint64_t bytes, int broken_field) {
+/* A stream of three frames of `kind`, each with a reference after it, the
+ * last one damaged (`broken_field`: 1 its magic, 2 its length but not its
+ * check word, 3 an impossible length, 4 the reference's address but not
+ * its check word, 5 a done frame with a length). */
+static void frame_seed(const char *name, tcc_p2p_kind_t kind, uint64_t tag, uint64_t bytes, int broken_field) {
   out_t o = {.len = 0};
   tcc_p2p_frame_t f;
-  for (int i = 0; i < 3; i++) { /* a stream of three frames, the last one bad */
-    tcc__p2p_frame_make(&f, tag + (uint64_t)i, bytes);
+  tcc_p2p_ref_t r;
+  for (int i = 0; i < 3; i++) {
+    tcc__p2p_frame_make(&f, kind, tag + (uint64_t)i, kind == TCC_P2P_DONE ? 0 : bytes);
+    tcc__p2p_ref_make(&r, 0x7f0000001000ull + (uint64_t)i * 4096, tag + (uint64_t)i);
     if (i == 2 && broken_field == 1) f.magic ^= 1;
-    if (i == 2 && broken_field == 2) f.bytes += 1; /* length damaged, check word not */
-    if (i == 2 && broken_field == 3) tcc__p2p_frame_make(&f, tag, TCC_P2P_FRAME_MAX_BYTES + 1);
+    if (i == 2 && broken_field == 2) f.bytes += 1;
+    if (i == 2 && broken_field == 3) tcc__p2p_frame_make(&f, kind, tag, TCC_P2P_FRAME_MAX_BYTES + 1);
+    if (i == 2 && broken_field == 4) r.addr += 8;
+    if (i == 2 && broken_field == 5) tcc__p2p_frame_make(&f, TCC_P2P_DONE, tag, 8);
     put(&o, &f, sizeof f);
+    put(&o, &r, sizeof r);
   }
   save("p2p_frame", name, &o);
 }
 
 static void gen_p2p_frame(void) {
-  frame_seed("valid", 7, 1024, 0);
-  frame_seed("empty-payloads", 0, 0, 0);
-  frame_seed("bad-magic", 7, 1024, 1);
-  frame_seed("damaged-length", 7, 1024, 2);
-  frame_seed("impossible-length", 7, 1024, 3);
+  frame_seed("valid", TCC_P2P_DATA, 7, 1024, 0);
+  frame_seed("empty-payloads", TCC_P2P_DATA, 0, 0, 0);
+  frame_seed("bad-magic", TCC_P2P_DATA, 7, 1024, 1);
+  frame_seed("damaged-length", TCC_P2P_DATA, 7, 1024, 2);
+  frame_seed("impossible-length", TCC_P2P_DATA, 7, 1024, 3);
+  frame_seed("references", TCC_P2P_REF, 7, 1 << 20, 0);
+  frame_seed("damaged-reference", TCC_P2P_REF, 7, 1 << 20, 4);
+  frame_seed("dones", TCC_P2P_DONE, 40, 0, 0);
+  frame_seed("done-with-length", TCC_P2P_DONE, 40, 0, 5);
 }
 
 /* ---- shared-memory ring records ---- */

@@ -33,6 +33,10 @@ tcc_result_t tcc__hybrid_cross_attach(tcc_comm_t *view, tcc_comm_t *group, tcc_e
 typedef struct tcc__hybrid_p2p tcc__hybrid_p2p_t;
 ssize_t tcc__hybrid_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt, tcc_err_t *err);
 ssize_t tcc__hybrid_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
+/* Single-copy messages with the ranks of this host (shared memory's). */
+bool tcc__hybrid_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes);
+tcc_result_t tcc__hybrid_p2p_peer_read(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len,
+                                       uint64_t seq, tcc_err_t *err);
 void tcc__hybrid_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
 tcc_result_t tcc__hybrid_p2p_start(tcc_comm_t *comm, tcc_err_t *err);
 void tcc__hybrid_p2p_stop(tcc__hybrid_p2p_t *p);

@@ -40,6 +40,21 @@ ssize_t tcc__hybrid_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, 
                  : tcc__tcp_p2p_read(comm, peer, buf, len, err);
 }
 
+bool tcc__hybrid_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes) {
+  const int lp = local_peer(comm, peer);
+  return lp >= 0 && tcc__shm_p2p_direct(comm->topo->local, lp, bytes);
+}
+
+tcc_result_t tcc__hybrid_p2p_peer_read(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len,
+                                       uint64_t seq, tcc_err_t *err) {
+  const int lp = local_peer(comm, peer);
+  if (lp < 0) /* a sender on another host never sends a reference: p2p_direct said no there */
+    return tcc__err_set(err, TCC_ERR_REMOTE,
+                        "tccomm recv #%llu on '%s' (rank %d): rank %d, on another host, sent a message by reference",
+                        (unsigned long long)seq, comm->name, comm->rank, peer);
+  return tcc__shm_p2p_peer_read(comm->topo->local, lp, dst, remote, len, seq, err);
+}
+
 void tcc__hybrid_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns) {
   const tcc__topology_t *t = comm->topo;
   if (!t->p2p) {

@@ -42,6 +42,7 @@ typedef struct shm_header {
   uint64_t small_bytes; /* reductions up to this size go one-shot */
   uint64_t ring_bytes;  /* p2p ring capacity per ordered pair */
   uint64_t direct_bytes; /* movement from this size reads peers' memory directly */
+  uint64_t p2p_direct_bytes; /* point-to-point messages from this size go by reference */
   uint64_t desc_stride;
   uint64_t slot_bytes;  /* bytes of one slot of the slot rings; 0: none */
   uint64_t ctrl_off, desc_off, data_off, ring_off, slots_off;
@@ -64,6 +65,9 @@ typedef struct shm_rank_ctrl {
    * it can and that the id names this rank in the peer's pid namespace. */
   int32_t pid;
   uint64_t probe_addr, probe_value;
+  /* Set once the rank has read every peer that way: a sender may then
+   * hand it point-to-point messages by reference (host/p2p_direct.c). */
+  atomic_int reads_peers;
 } shm_rank_ctrl_t;
 
 typedef struct shm_ring {
@@ -174,6 +178,10 @@ int tcc__shm_peer_cpu(tcc_comm_t *comm, int peer);
 void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);
 void tcc__shm_p2p_notify(tcc_comm_t *comm);
 bool tcc__shm_p2p_fits(tcc_comm_t *comm, int peer, size_t bytes);
+/* Single-copy point-to-point (transport.h's p2p_direct, p2p_peer_read). */
+bool tcc__shm_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes);
+tcc_result_t tcc__shm_p2p_peer_read(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len, uint64_t seq,
+                                    tcc_err_t *err);
 /* For a p2p thread that sleeps elsewhere than on this rank's doorbell (a
  * hybrid group's, in TCP's poll), with a relay thread waking it:
  *  - sleep_begin: false when some ring can move bytes now (want_write[p]:

@@ -85,6 +85,7 @@ void tcc__shm_cma_probe(tcc_comm_t *comm, shm_state_t *st) {
     }
   }
   st->direct_bytes = st->hdr->direct_bytes;
+  atomic_store_explicit(&shm_ctrl(st, comm->rank)->reads_peers, 1, memory_order_release);
   TCC_LOG_INFO(comm->rank,
                "communicator '%s' moves data from %zu bytes single-copy, straight between the ranks' buffers "
                "(TCCOMM_SHM_DIRECT_BYTES; TCCOMM_CMA=0 turns it off)",
@@ -176,4 +177,15 @@ tcc_result_t tcc__shm_peer_write(tcc_comm_t *comm, int rank, const void *local, 
                                  const char *what, uint64_t seq, tcc_err_t *err) {
   /* process_vm_writev only reads `local`. */
   return peer_move(comm, rank, (char *)(uintptr_t)local, remote, len, true, what, seq, err);
+}
+
+bool tcc__shm_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes) {
+  shm_state_t *st = shm_of(comm);
+  return bytes >= st->hdr->p2p_direct_bytes &&
+         atomic_load_explicit(&shm_ctrl(st, peer)->reads_peers, memory_order_acquire);
+}
+
+tcc_result_t tcc__shm_p2p_peer_read(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len, uint64_t seq,
+                                    tcc_err_t *err) {
+  return peer_move(comm, peer, dst, remote, len, false, "recv", seq, err);
 }
