@@ -44,6 +44,7 @@ MUTATIONS=(
   "broadcast_wrong_root|test_comm tcp|tests/test_collectives.py|w2-shm-env:broadcast-"
   "reduce_scatter_swap|test_comm shm|tests/test_collectives.py|w3-tcp-env:reduce_scatter and -SUM-n1023"
   "p2p_tag_ignored|test_comm tcp|tests/test_features.py|w2-shm-env:p2p_tags"
+  "p2p_done_early|test_p2p_direct|tests/test_features.py|w2-shm-env:p2p_send_buffer_reused"
   "dead_peer_unreported|test_faults shm|tests/test_fault_injection.py|shm"
   "mismatch_unchecked|test_comm shm|tests/test_bad_input.py|w2-shm-env: and (mismatched_numel or mismatched_dtype or mismatched_broadcast_root)"
   "unread_frames_unchecked|test_one_sided|tests/test_bad_input.py|w3-tcp-env-onesided:"

@@ -153,6 +153,26 @@ def c_p2p_tags(ctx):
                     f"irecv tag 3 message {k} (order within a tag)")
 
 
+def c_p2p_send_buffer_reused(ctx):
+    """A send's buffer is the caller's again once its wait returns. Even
+    ranks send 1 MiB to the next rank and overwrite the tensor at once;
+    the receiver posts its receive only 0.3 s later and must get what was
+    sent (within a host such a message goes by reference, read from the
+    sender's tensor: the wait lasts until the receiver has read it)."""
+    W, r = ctx.world, ctx.rank
+    n = 1 << 18
+    if r % 2 == 0 and r + 1 < W:
+        out = ctx.inp(r, n, "float32", tag="reused")
+        dist.isend(out, dst=r + 1, tag=11).wait()
+        out.fill_(-1.0)
+    elif r % 2 == 1:
+        time.sleep(0.3)
+        got = ctx.garbage(n, "float32")
+        dist.recv(got, src=r - 1, tag=11)
+        ctx.compare(got, ctx.inp(r - 1, n, "float32", tag="reused"),
+                    "a message whose sender overwrote its tensor after the wait")
+
+
 def c_p2p_all_pairs(ctx):
     """Every rank sends to every other rank (irecv posted before isend)."""
     W, r = ctx.world, ctx.rank
@@ -531,6 +551,7 @@ def _register_features():
     add("coalescing_manager", S, c_coalescing_manager)
     add("p2p_tags", S, c_p2p_tags)
     add("p2p_all_pairs", S, c_p2p_all_pairs)
+    add("p2p_send_buffer_reused", S, c_p2p_send_buffer_reused)
     add("batch_isend_irecv-n1000", S, c_batch_isend_irecv, n=1000)
     add(f"batch_isend_irecv-n{LARGE_PART}", S, c_batch_isend_irecv, n=LARGE_PART)
     add("barrier", S, c_barrier)

@@ -28,6 +28,7 @@
   X(BROADCAST_WRONG_ROOT, "broadcast_wrong_root") /* data comes from root + 1 */        \
   X(REDUCE_SCATTER_SWAP, "reduce_scatter_swap") /* chunks 0 and 1 trade places */       \
   X(P2P_TAG_IGNORED, "p2p_tag_ignored")         /* a peer's first message matches */     \
+  X(P2P_DONE_EARLY, "p2p_done_early")           /* a send by reference completes unread */ \
   X(DEAD_PEER_UNREPORTED, "dead_peer_unreported") /* shm liveness: always alive */      \
   X(MISMATCH_UNCHECKED, "mismatch_unchecked")   /* ranks' descriptors never compared */ \
   X(UNREAD_FRAMES_UNCHECKED, "unread_frames_unchecked") /* TCP: a frame no op waited for is never checked */

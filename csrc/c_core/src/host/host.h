@@ -221,8 +221,9 @@ void tcc__host_drive_p2p(tcc_comm_t *comm, tcc_op_t *op, int64_t deadline_ns);
 bool tcc__host_p2p_round_now(tcc_comm_t *comm, tcc_op_t *op);
 /* The round of a submitter that took p2p_progress (and releases it):
  * `op` first when `adopt` (it was not put on p2p_new), then the ops on
- * p2p_new. Returns whether `op` has finished. */
-bool tcc__host_p2p_submitter_round(tcc_comm_t *comm, tcc_op_t *op, bool adopt);
+ * p2p_new. Returns whether `op` has finished; *answer_due, whether it is
+ * a send that only waits for its peer's answer (p2p_direct.c). */
+bool tcc__host_p2p_submitter_round(tcc_comm_t *comm, tcc_op_t *op, bool adopt, bool *answer_due);
 /* Makes the p2p thread take the pending ops (tcc_op_start, large ops). */
 void tcc__host_p2p_kick(tcc_comm_t *comm);
 /* Wakes the p2p thread to look at new ops: signals it when it sleeps on
@@ -240,6 +241,9 @@ bool tcc__host_p2p_goes_by_ref(tcc_comm_t *comm, const tcc_op_t *op);
 size_t tcc__host_p2p_send_frame(const tcc_op_t *op, tcc_p2p_frame_t *f, tcc_p2p_ref_t *ref);
 /* A send whose reference frame went out waits for the peer's done frame. */
 void tcc__host_p2p_await_done(peer_state_t *ps, tcc_op_t *op);
+/* Whether a send only waits for its peer's answer: its reference frame
+ * went out whole. The caller holds p2p_progress. */
+bool tcc__host_p2p_awaits_answer(const tcc_op_t *op);
 /* The send a done frame for `token` answers, unlinked; NULL (and *err)
  * when no send awaits one. */
 tcc_op_t *tcc__host_p2p_done_arrived(tcc_comm_t *comm, int peer, peer_state_t *ps, uint64_t token, tcc_err_t *err);

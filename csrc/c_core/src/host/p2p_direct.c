@@ -45,6 +45,11 @@ size_t tcc__host_p2p_send_frame(const tcc_op_t *op, tcc_p2p_frame_t *f, tcc_p2p_
   return sizeof *f + sizeof *ref;
 }
 
+bool tcc__host_p2p_awaits_answer(const tcc_op_t *op) {
+  return op->kind == TCC_OP_SEND && op->by_ref && !atomic_load_explicit(&op->finished, memory_order_relaxed) &&
+         op->done_bytes == sizeof(tcc_p2p_frame_t) + sizeof(tcc_p2p_ref_t);
+}
+
 void tcc__host_p2p_await_done(peer_state_t *ps, tcc_op_t *op) {
   ps->ref_bytes_sent += op->bytes;
   tcc__queue_push(&ps->await_head, &ps->await_tail, op);

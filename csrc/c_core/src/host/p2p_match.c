@@ -194,7 +194,7 @@ ssize_t tcc__host_p2p_progress_send(tcc_comm_t *comm, int peer, peer_state_t *ps
     if (op->done_bytes < tcc__host_p2p_send_frame(op, &h, &ref)) return moved;
     ps->send_head = op->next;
     if (!ps->send_head) ps->send_tail = NULL;
-    if (op->by_ref) tcc__host_p2p_await_done(ps, op);
+    if (op->by_ref && !TCC_MUTANT(P2P_DONE_EARLY)) tcc__host_p2p_await_done(ps, op); /* MUTATION SITE */
     else finish_p2p(e, op, TCC_OK, NULL);
   }
 }
@@ -721,13 +721,14 @@ bool tcc__host_p2p_round_now(tcc_comm_t *comm, tcc_op_t *op) {
   return tcc__host_p2p_end_caller_round(e, op);
 }
 
-bool tcc__host_p2p_submitter_round(tcc_comm_t *comm, tcc_op_t *op, bool adopt) {
+bool tcc__host_p2p_submitter_round(tcc_comm_t *comm, tcc_op_t *op, bool adopt, bool *answer_due) {
   tcc_engine_t *e = comm->engine;
   if (adopt) {
     op->next = NULL;
     tcc__host_p2p_adopt(comm, op);
   }
   p2p_round_of(comm, e->waiter_want_write, op->peer);
+  *answer_due = tcc__host_p2p_awaits_answer(op);
   return tcc__host_p2p_end_caller_round(e, op);
 }
 

@@ -33,6 +33,10 @@ tcc_result_t tcc__hybrid_cross_attach(tcc_comm_t *view, tcc_comm_t *group, tcc_e
 typedef struct tcc__hybrid_p2p tcc__hybrid_p2p_t;
 ssize_t tcc__hybrid_p2p_write(tcc_comm_t *comm, int peer, const struct iovec *iov, int iovcnt, tcc_err_t *err);
 ssize_t tcc__hybrid_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, tcc_err_t *err);
+/* Whether a write to a rank of this host takes `bytes` whole (its ring's
+ * room); never for a rank of another host, whose TCP write may take a
+ * prefix. */
+bool tcc__hybrid_p2p_fits(tcc_comm_t *comm, int peer, size_t bytes);
 /* Single-copy messages with the ranks of this host (shared memory's). */
 bool tcc__hybrid_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes);
 tcc_result_t tcc__hybrid_p2p_peer_read(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len,

@@ -40,6 +40,11 @@ ssize_t tcc__hybrid_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, 
                  : tcc__tcp_p2p_read(comm, peer, buf, len, err);
 }
 
+bool tcc__hybrid_p2p_fits(tcc_comm_t *comm, int peer, size_t bytes) {
+  const int lp = local_peer(comm, peer);
+  return lp >= 0 && tcc__shm_p2p_fits(comm->topo->local, lp, bytes);
+}
+
 bool tcc__hybrid_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes) {
   const int lp = local_peer(comm, peer);
   return lp >= 0 && tcc__shm_p2p_direct(comm->topo->local, lp, bytes);

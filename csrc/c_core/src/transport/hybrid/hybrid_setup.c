@@ -177,6 +177,7 @@ static const tcc_transport_ops_t hybrid_ops = {
     .streams = &tcc__tcp_streams,
     .p2p_write = tcc__hybrid_p2p_write,
     .p2p_read = tcc__hybrid_p2p_read,
+    .p2p_fits = tcc__hybrid_p2p_fits,
     .p2p_direct = tcc__hybrid_p2p_direct,
     .p2p_peer_read = tcc__hybrid_p2p_peer_read,
     .p2p_wait = tcc__hybrid_p2p_wait,
