@@ -14,6 +14,8 @@
  *    complete before any receive is posted), both ranks sending before
  *    they receive, an any-source receive, a receive of the wrong size
  *    (it fails naming the op, the sender completes, the stream goes on).
+ *  - A receive posted and not waited on: the engine's thread reads the
+ *    reference, so the send completes while its receiver does nothing.
  *  - TCCOMM_CMA=0 on one rank: nothing goes by reference, all arrives.
  *  - A receiver that exits without receiving: the send fails naming it.
  *    A send that times out waiting for its answer fails the communicator.
@@ -167,6 +169,39 @@ static void receive_late(tcc_comm_t *comm) {
   free(b);
 }
 
+/* Rank 1 posts a receive of a reference and leaves it for as long as it
+ * takes rank 0's send to complete (up to 20 s, then the case fails): no
+ * thread of rank 1 waits on it or polls it, so the engine's p2p thread
+ * must read the message and answer. Only then does rank 1 wait on it. */
+static atomic_int *send_completed;
+
+static void posted_not_waited(tcc_comm_t *comm) {
+  const int me = tcc_comm_rank(comm);
+  if (me > 1) return;
+  uint8_t *p = malloc(BIG);
+  for (int m = 40; m < 43; m++) {
+    if (me == 0) {
+      fill(p, BIG, 0, m);
+      usleep(20 * 1000); /* after rank 1 posted, mostly */
+      CHECK(group_move_bytes(comm, true, p, BIG, 1, (uint64_t)m, true) == TCC_OK, "send %d: %s", m,
+            tcc_last_error());
+      atomic_store(send_completed, m);
+    } else {
+      tcc_op_t *op;
+      CHECK(tcc_recv(comm, bytes_of(p, BIG), 0, (uint64_t)m, NULL, &op) == TCC_OK, "recv %d: %s", m,
+            tcc_last_error());
+      for (int waited_ms = 0; atomic_load(send_completed) != m && waited_ms < 20000; waited_ms++) usleep(1000);
+      CHECK(atomic_load(send_completed) == m, "send %d never completed while its receive was posted, not waited on",
+            m);
+      CHECK(tcc_op_wait(op, -1) == TCC_OK && wrong_bytes(p, BIG, 0, m) == 0, "recv %d: %s", m, tcc_op_error(op));
+      tcc_op_release(op);
+    }
+  }
+  CHECK(by_ref_to(comm, 1 - me) == (me == 0 ? 3u * BIG : 0), "rank %d: %llu bytes by reference", me,
+        (unsigned long long)by_ref_to(comm, 1 - me));
+  free(p);
+}
+
 /* Rank 1 runs with TCCOMM_CMA=0: it offers no reads and makes none. */
 static void no_cma_on_rank1(int rank) {
   if (rank == 1) setenv("TCCOMM_CMA", "0", 1);
@@ -289,6 +324,10 @@ int main(void) {
   }
   CHECK(run_group(2, "shm", 60000, "direct-late", receive_late) == 0, "receives posted late");
   CHECK(run_group(4, "auto-pairs", 60000, "direct-late", receive_late) == 0, "receives posted late, hybrid");
+  send_completed = group_shared_flag();
+  CHECK(run_group(2, "shm", 60000, "direct-unwaited", posted_not_waited) == 0, "a receive posted, not waited on");
+  CHECK(run_group(4, "auto-pairs", 60000, "direct-unwaited", posted_not_waited) == 0,
+        "a receive posted, not waited on, hybrid");
   group_rank_setup = no_cma_on_rank1;
   CHECK(run_group(2, "shm", 60000, "direct-off", without_cma) == 0, "TCCOMM_CMA=0 on rank 1");
   group_rank_setup = NULL;

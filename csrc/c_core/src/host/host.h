@@ -50,7 +50,8 @@
  * tcc_op_test() on a p2p op runs them until its op is done. The p2p thread
  * runs the rest, independently of collectives so a pending send never
  * blocks the queue: ops nobody has run rounds for within P2P_POLL_NS,
- * ops of more than P2P_EAGER_BYTES, and ops passed to tcc_op_start(). As
+ * ops of more than P2P_EAGER_BYTES whose bytes cross the stream (not
+ * those sent by reference), and ops passed to tcc_op_start(). As
  * for collectives, submitting does not wake it otherwise: a wake per
  * message costs more than the message (8 B round trip at 2 ranks over
  * shared memory: about 8 us with it, 2 us without). It polls every
@@ -236,6 +237,9 @@ void tcc__host_free_unexpected(tcc_engine_t *e, int size);
 /* ---- p2p_direct.c ---- */
 /* Whether a send's frame is a reference (decided when its frame starts). */
 bool tcc__host_p2p_goes_by_ref(tcc_comm_t *comm, const tcc_op_t *op);
+/* Whether a receive's message, of the size it expects, comes by reference
+ * (its sender asks the same of the transport); false for any source. */
+bool tcc__host_p2p_comes_by_ref(tcc_comm_t *comm, const tcc_op_t *op);
 /* The frame of a send (data: its header; reference: header and
  * reference) into *f and *ref; the bytes of the frame on the stream. */
 size_t tcc__host_p2p_send_frame(const tcc_op_t *op, tcc_p2p_frame_t *f, tcc_p2p_ref_t *ref);

@@ -32,7 +32,12 @@
 #include "host/host.h"
 
 bool tcc__host_p2p_goes_by_ref(tcc_comm_t *comm, const tcc_op_t *op) {
-  return comm->ops->p2p_direct && op->bytes > 0 && comm->ops->p2p_direct(comm, op->peer, op->bytes);
+  return comm->ops->p2p_direct && op->bytes > 0 && comm->ops->p2p_direct(comm, op->peer, op->bytes, true);
+}
+
+bool tcc__host_p2p_comes_by_ref(tcc_comm_t *comm, const tcc_op_t *op) {
+  return op->kind == TCC_OP_RECV && op->peer != TCC_ANY_SOURCE && comm->ops->p2p_direct && op->bytes > 0 &&
+         comm->ops->p2p_direct(comm, op->peer, op->bytes, false);
 }
 
 size_t tcc__host_p2p_send_frame(const tcc_op_t *op, tcc_p2p_frame_t *f, tcc_p2p_ref_t *ref) {

@@ -90,7 +90,7 @@ static bool send_whole(tcc_comm_t *comm, const void *buf, size_t bytes, int peer
   tcc_engine_t *e = comm->engine;
   peer_state_t *ps = &e->peers[peer];
   if (ps->send_head || ps->done_sent > 0 || ps->broken != TCC_OK || !comm->ops->p2p_fits(comm, peer, total) ||
-      (comm->ops->p2p_direct && bytes > 0 && comm->ops->p2p_direct(comm, peer, bytes))) {
+      (comm->ops->p2p_direct && bytes > 0 && comm->ops->p2p_direct(comm, peer, bytes, true))) {
     pthread_mutex_unlock(&e->p2p_progress);
     return false;
   }

@@ -140,12 +140,13 @@ typedef struct tcc_transport_ops {
    * take a prefix of any size. */
   bool (*p2p_fits)(tcc_comm_t *comm, int peer, size_t bytes);
   /* Optional, both or neither: single-copy messages (host/p2p_direct.c).
-   * p2p_direct: whether a message of `bytes` to `peer` may go by
-   * reference, the peer reading it from this process's memory with its
-   * p2p_peer_read (the peer said it can read every rank). p2p_peer_read:
+   * p2p_direct: whether a message of `bytes` between this rank and `peer`
+   * goes by reference, its receiver reading it from the sender's memory
+   * with p2p_peer_read (the receiver said it can read every rank);
+   * `to_peer`: this rank sends it, else `peer` does. p2p_peer_read:
    * len bytes at `remote` in peer's memory into dst, for receive number
    * `seq`; TCC_OK, or an error naming the peer and the cause. */
-  bool (*p2p_direct)(tcc_comm_t *comm, int peer, size_t bytes);
+  bool (*p2p_direct)(tcc_comm_t *comm, int peer, size_t bytes, bool to_peer);
   tcc_result_t (*p2p_peer_read)(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len, uint64_t seq,
                                 tcc_err_t *err);
   /* Optional: the CPU `peer` last ran on, as it published it (-1: not

@@ -38,7 +38,7 @@ ssize_t tcc__hybrid_p2p_read(tcc_comm_t *comm, int peer, void *buf, size_t len, 
  * prefix. */
 bool tcc__hybrid_p2p_fits(tcc_comm_t *comm, int peer, size_t bytes);
 /* Single-copy messages with the ranks of this host (shared memory's). */
-bool tcc__hybrid_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes);
+bool tcc__hybrid_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes, bool to_peer);
 tcc_result_t tcc__hybrid_p2p_peer_read(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len,
                                        uint64_t seq, tcc_err_t *err);
 void tcc__hybrid_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns);

@@ -45,9 +45,9 @@ bool tcc__hybrid_p2p_fits(tcc_comm_t *comm, int peer, size_t bytes) {
   return lp >= 0 && tcc__shm_p2p_fits(comm->topo->local, lp, bytes);
 }
 
-bool tcc__hybrid_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes) {
+bool tcc__hybrid_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes, bool to_peer) {
   const int lp = local_peer(comm, peer);
-  return lp >= 0 && tcc__shm_p2p_direct(comm->topo->local, lp, bytes);
+  return lp >= 0 && tcc__shm_p2p_direct(comm->topo->local, lp, bytes, to_peer);
 }
 
 tcc_result_t tcc__hybrid_p2p_peer_read(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len,

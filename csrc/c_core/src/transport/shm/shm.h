@@ -179,7 +179,7 @@ void tcc__shm_p2p_wait(tcc_comm_t *comm, const bool *want_write, int64_t max_ns)
 void tcc__shm_p2p_notify(tcc_comm_t *comm);
 bool tcc__shm_p2p_fits(tcc_comm_t *comm, int peer, size_t bytes);
 /* Single-copy point-to-point (transport.h's p2p_direct, p2p_peer_read). */
-bool tcc__shm_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes);
+bool tcc__shm_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes, bool to_peer);
 tcc_result_t tcc__shm_p2p_peer_read(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len, uint64_t seq,
                                     tcc_err_t *err);
 /* For a p2p thread that sleeps elsewhere than on this rank's doorbell (a

@@ -179,10 +179,11 @@ tcc_result_t tcc__shm_peer_write(tcc_comm_t *comm, int rank, const void *local, 
   return peer_move(comm, rank, (char *)(uintptr_t)local, remote, len, true, what, seq, err);
 }
 
-bool tcc__shm_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes) {
+bool tcc__shm_p2p_direct(tcc_comm_t *comm, int peer, size_t bytes, bool to_peer) {
   shm_state_t *st = shm_of(comm);
+  const int receiver = to_peer ? peer : comm->rank;
   return bytes >= st->hdr->p2p_direct_bytes &&
-         atomic_load_explicit(&shm_ctrl(st, peer)->reads_peers, memory_order_acquire);
+         atomic_load_explicit(&shm_ctrl(st, receiver)->reads_peers, memory_order_acquire);
 }
 
 tcc_result_t tcc__shm_p2p_peer_read(tcc_comm_t *comm, int peer, void *dst, uint64_t remote, size_t len, uint64_t seq,
