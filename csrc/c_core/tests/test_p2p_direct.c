@@ -17,7 +17,9 @@
  *  - A receive posted and not waited on: the engine's thread reads the
  *    reference, so the send completes while its receiver does nothing.
  *  - TCCOMM_CMA=0 on one rank: nothing goes by reference, all arrives.
- *  - A receiver that exits without receiving: the send fails naming it.
+ *  - A receiver that exits without receiving: the send fails naming it;
+ *    a sender that exits once its reference went out: the receive fails
+ *    naming it.
  *    A send that times out waiting for its answer fails the communicator.
  *  - Garbage on the stream: a reference whose check word is wrong, a
  *    reference to memory that is not there, a done frame no send awaits:
@@ -226,6 +228,30 @@ static void without_cma(tcc_comm_t *comm) {
   free(buf);
 }
 
+/* Rank 0 puts a reference on the stream and exits: the receive that
+ * takes it cannot read the message (the process is gone) and fails
+ * naming the op and the sender, instead of waiting or taking garbage. */
+static void sender_exits(tcc_comm_t *comm) {
+  const int me = tcc_comm_rank(comm);
+  uint8_t *buf = malloc(BIG);
+  if (me == 0) {
+    fill(buf, BIG, 0, 6);
+    tcc_op_t *op;
+    CHECK(tcc_send(comm, bytes_of(buf, BIG), 1, 6, NULL, &op) == TCC_OK, "send: %s", tcc_last_error());
+    CHECK(by_ref_to(comm, 1) == BIG, "the reference went out in the send's own round");
+    _exit(0);
+  }
+  if (me == 1) {
+    usleep(200 * 1000);
+    memset(buf, 0, BIG);
+    const tcc_result_t r = group_move_bytes(comm, false, buf, BIG, 0, 6, true);
+    CHECK(r != TCC_OK && strstr(tcc_last_error(), "recv") && strstr(tcc_last_error(), "rank 0"),
+          "a receive whose sender exited after its reference went out: %s: %s", tcc_result_string(r),
+          tcc_last_error());
+  }
+  free(buf);
+}
+
 /* Rank 1 exits without receiving; rank 0's send fails naming it. */
 static void receiver_exits(tcc_comm_t *comm) {
   if (tcc_comm_rank(comm) == 1) {
@@ -333,6 +359,7 @@ int main(void) {
   group_rank_setup = NULL;
   CHECK(run_group(2, "shm", 30000, "direct-exit", receiver_exits) == 0, "the receiver exits");
   CHECK(run_group(2, "shm", 30000, "direct-timeout", send_times_out) == 0, "a send times out");
+  CHECK(run_group(2, "shm", 30000, "direct-sender-exit", sender_exits) == 0, "the sender exits");
   for (garbage_kind = 0; garbage_kind < 3; garbage_kind++)
     CHECK(run_group(2, "shm", 30000, "direct-garbage", garbage_frames) == 0, "garbage %d", garbage_kind);
   CHECK_DONE();
