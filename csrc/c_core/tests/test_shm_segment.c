@@ -388,6 +388,47 @@ static void transport_case(const char *what, corrupt_fn corrupt, const char *phr
   shm_unlink(id.name);
 }
 
+/* A shared-memory size in the environment that is not a byte count in its
+ * range fails the rank that reads it at once (each rank reads its own,
+ * before the segment: rank 1 does not wait for a rank 0 that never
+ * comes), with TCC_ERR_INVALID naming the variable and the value. */
+static void test_bad_tunables(void) {
+  static const struct {
+    const char *name, *value;
+  } cases[] = {
+      {"TCCOMM_SHM_SLOT_BYTES", "262144"},           /* past the largest slot */
+      {"TCCOMM_SHM_WINDOW_BYTES", "12ab"},           /* not a number */
+      {"TCCOMM_SHM_WINDOW_BYTES", "1024"},           /* below a page */
+      {"TCCOMM_SHM_SMALL_BYTES", "-1"},              /* negative */
+      {"TCCOMM_SHM_SMALL_BYTES", "1048576"},         /* past the window */
+      {"TCCOMM_SHM_DIRECT_BYTES", "99999999999999999999999"}, /* overflows */
+      {"TCCOMM_P2P_DIRECT_BYTES", "64k"},            /* no suffixes */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (int rank = 0; rank < 2; rank++) {
+      uint8_t blobs[2 * TCC_ENDPOINT_BLOB_SIZE];
+      tcc_endpoint_t *ep[2];
+      for (int r = 0; r < 2; r++)
+        CHECK(tcc_endpoint_open("127.0.0.1", &ep[r], blobs + r * TCC_ENDPOINT_BLOB_SIZE) == TCC_OK,
+              "endpoint: %s", tcc_last_error());
+      setenv(cases[i].name, cases[i].value, 1);
+      tcc_comm_config_t cfg = {rank, 2, 20000, "bad-tunable", TCC_TRANSPORT_SHM};
+      tcc_comm_t *comm = NULL;
+      const double t0 = now_s();
+      const tcc_result_t r = tcc_comm_create(&cfg, ep[rank], blobs, &comm);
+      const double secs = now_s() - t0;
+      unsetenv(cases[i].name);
+      char want[128];
+      snprintf(want, sizeof want, "%s='%s' is not a byte count", cases[i].name, cases[i].value);
+      CHECK(r == TCC_ERR_INVALID && strstr(tcc_last_error(), want) && strstr(tcc_last_error(), "bad-tunable") &&
+                secs < 10,
+            "%s=%s on rank %d: %s after %.1f s: %s", cases[i].name, cases[i].value, rank, tcc_result_string(r), secs,
+            tcc_last_error());
+      if (r == TCC_OK) tcc_comm_destroy(comm);
+      tcc_endpoint_close(ep[1 - rank]); /* tcc_comm_create took ep[rank], failing or not */
+    }
+}
+
 static void test_transport_header(void) {
   printf("the shm transport's header, as rank 1 sees it:\n");
   transport_case("published tunables", no_change, NULL);
@@ -578,6 +619,7 @@ int main(void) {
   test_planted_objects();
   test_lock_looks();
   test_transport_header();
+  test_bad_tunables();
   int failed = test_small_shm();
   printf("test_shm_segment: %s\n", failed || check_failures ? "FAILED" : "ok");
   if (failed) return 1;

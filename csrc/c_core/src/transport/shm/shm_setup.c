@@ -56,13 +56,26 @@ _Static_assert(sizeof(shm_header_t) <= HEADER_BYTES, "the header must fit the se
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-static size_t env_bytes(const char *name, size_t dflt, size_t lo, size_t hi) {
+/* A byte count from the environment: `dflt` when unset or empty; else a
+ * decimal count from lo to hi, or TCC_ERR_INVALID naming the variable, its
+ * value and the range (a value silently taken for the default would have
+ * its user measure something other than what they set). */
+static tcc_result_t env_bytes(const char *who, const char *name, size_t dflt, size_t lo, size_t hi, size_t *out,
+                              tcc_err_t *err) {
   const char *s = getenv(name);
-  if (!s || !*s) return dflt;
+  *out = dflt;
+  if (!s || !*s) return TCC_OK;
   char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (*end != 0 || v < lo || v > hi) return dflt;
-  return (size_t)v;
+  errno = 0;
+  const unsigned long long v = strtoull(s, &end, 10);
+  if (*s == '-' || *end != 0 || errno == ERANGE || v < lo || v > hi) {
+    if (hi == SIZE_MAX)
+      return tcc__err_set(err, TCC_ERR_INVALID, "%s: %s='%s' is not a byte count of %zu or more", who, name, s, lo);
+    return tcc__err_set(err, TCC_ERR_INVALID, "%s: %s='%s' is not a byte count from %zu to %zu", who, name, s, lo,
+                        hi);
+  }
+  *out = (size_t)v;
+  return TCC_OK;
 }
 
 /* ---- layout ----------------------------------------------------------- */
@@ -77,20 +90,30 @@ static size_t default_slot_bytes(int n) {
   return b;
 }
 
-/* Rank 0's choice of the tunables: its environment and its view of the
- * CPUs decide (own_cpus: no more ranks on the host than CPUs they may use
- * between them), and the header carries the result to every other rank. */
-static void choose_sizes(int n, bool own_cpus, uint64_t *window, uint64_t *small, uint64_t *direct,
-                         uint64_t *slot) {
-  size_t w = align_up(env_bytes("TCCOMM_SHM_WINDOW_BYTES", DEFAULT_WINDOW, 4096, MAX_WINDOW), 4096);
+/* The tunables, from this rank's environment and its view of the CPUs
+ * (own_cpus: no more ranks on the host than CPUs they may use between
+ * them). Every rank reads them, so that a bad value fails each rank that
+ * has it; rank 0's choice is the group's (the header carries it). */
+typedef struct shm_sizes {
+  size_t window, small, direct, slot, p2p_direct;
+} shm_sizes_t;
+
+static tcc_result_t choose_sizes(const char *who, int n, bool own_cpus, shm_sizes_t *z, tcc_err_t *err) {
+  size_t w, s, sb;
+  if (env_bytes(who, "TCCOMM_SHM_WINDOW_BYTES", DEFAULT_WINDOW, 4096, MAX_WINDOW, &w, err) != TCC_OK)
+    return err->code;
+  w = align_up(w, 4096);
   if (w < min_window(n)) w = min_window(n);
-  size_t s = env_bytes("TCCOMM_SHM_SMALL_BYTES", DEFAULT_SMALL, 0, w);
-  *window = w;
-  *small = s < w ? s : w;
-  *direct = env_bytes("TCCOMM_SHM_DIRECT_BYTES", own_cpus ? DEFAULT_DIRECT_OWN_CPUS : DEFAULT_DIRECT_SHARED_CPUS, 0,
-                      SIZE_MAX);
-  const size_t sb = env_bytes("TCCOMM_SHM_SLOT_BYTES", default_slot_bytes(n), 0, MAX_SLOT_BYTES);
-  *slot = sb == 0 ? 0 : align_up(sb < MIN_SLOT_BYTES ? MIN_SLOT_BYTES : sb, TCC_CACHELINE);
+  if (env_bytes(who, "TCCOMM_SHM_SMALL_BYTES", DEFAULT_SMALL, 0, w, &s, err) != TCC_OK ||
+      env_bytes(who, "TCCOMM_SHM_DIRECT_BYTES", own_cpus ? DEFAULT_DIRECT_OWN_CPUS : DEFAULT_DIRECT_SHARED_CPUS, 0,
+                SIZE_MAX, &z->direct, err) != TCC_OK ||
+      env_bytes(who, "TCCOMM_SHM_SLOT_BYTES", default_slot_bytes(n), 0, MAX_SLOT_BYTES, &sb, err) != TCC_OK ||
+      env_bytes(who, "TCCOMM_P2P_DIRECT_BYTES", DEFAULT_P2P_DIRECT, 0, SIZE_MAX, &z->p2p_direct, err) != TCC_OK)
+    return err->code;
+  z->window = w;
+  z->small = s < w ? s : w; /* the default may exceed a small window */
+  z->slot = sb == 0 ? 0 : align_up(sb < MIN_SLOT_BYTES ? MIN_SLOT_BYTES : sb, TCC_CACHELINE);
+  return TCC_OK;
 }
 
 static bool slot_bytes_valid(uint64_t b) {
@@ -120,13 +143,11 @@ static void layout(shm_header_t *h, int n, uint64_t window, uint64_t slot_bytes)
 
 /* Rank 0: the segment, laid out for this group, then published. *fd: the
  * creating descriptor, with rank 0's lock. */
-static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, const char *who, shm_state_t *st,
-                                   int *fd, tcc_err_t *err) {
+static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id, const char *who,
+                                   const shm_sizes_t *z, shm_state_t *st, int *fd, tcc_err_t *err) {
   shm_header_t h;
   memset(&h, 0, sizeof h);
-  uint64_t window, small, direct, slot;
-  choose_sizes(comm->size, comm->cpu_share.spin_while_away, &window, &small, &direct, &slot);
-  layout(&h, comm->size, window, slot);
+  layout(&h, comm->size, z->window, z->slot);
   void *base;
   tcc_result_t r = tcc__segment_create(id, h.seg.total_bytes, comm->size, who, &base, fd, err);
   if (r != TCC_OK) return r;
@@ -134,9 +155,9 @@ static tcc_result_t create_segment(tcc_comm_t *comm, const tcc_segment_id_t *id,
   shm_header_t *hdr = base;
   hdr->size = h.size;
   hdr->window = h.window;
-  hdr->small_bytes = small;
-  hdr->direct_bytes = direct;
-  hdr->p2p_direct_bytes = env_bytes("TCCOMM_P2P_DIRECT_BYTES", DEFAULT_P2P_DIRECT, 0, SIZE_MAX);
+  hdr->small_bytes = z->small;
+  hdr->direct_bytes = z->direct;
+  hdr->p2p_direct_bytes = z->p2p_direct;
   hdr->ring_bytes = h.ring_bytes;
   hdr->slot_bytes = h.slot_bytes;
   hdr->desc_stride = h.desc_stride;
@@ -245,9 +266,15 @@ tcc_result_t tcc__shm_setup(tcc_comm_t *comm, const tcc_blob_t *blobs, tcc_err_t
   char cpu_why[160];
   tcc__cpu_share_init(&comm->cpu_share, comm->size, tcc__blobs_cpus(blobs, comm->size, NULL), cpu_why,
                       sizeof cpu_why);
+  shm_sizes_t sizes;
+  tcc_result_t r = choose_sizes(who, comm->size, comm->cpu_share.spin_while_away, &sizes, err);
+  if (r != TCC_OK) {
+    free_state(st);
+    return r;
+  }
   int fd = -1;
-  tcc_result_t r = comm->rank == 0 ? create_segment(comm, &id, who, st, &fd, err)
-                                   : open_segment(comm, &id, deadline, who, st, &fd, err);
+  r = comm->rank == 0 ? create_segment(comm, &id, who, &sizes, st, &fd, err)
+                      : open_segment(comm, &id, deadline, who, st, &fd, err);
   if (r != TCC_OK) {
     free_state(st);
     return r;
