@@ -137,3 +137,19 @@ def test_bad_hier_overlap_value_is_a_clear_error(tmp_path):
     out = _creation_error(tmp_path, {"TCCOMM_HIER_OVERLAP": "sometimes"})
     assert "RAISED" in out, out
     assert "TCCOMM_HIER_OVERLAP='sometimes' is not one of auto, 0, 1" in out, out
+
+
+@pytest.mark.parametrize("name, value, allowed", [
+    ("TCCOMM_CMA", "off", "0, 1"),
+    ("TCCOMM_CPU_MOVE", "no", "0, 1"),
+    ("TCCOMM_STREAM_ONE_SIDED", "false", "0, 1"),
+    ("TCCOMM_REDUCE_ISA", "avx512", "generic"),
+    ("TCCOMM_ASYNC_ERROR_HANDLING", "yes", "0, 1, 2, 3"),
+])
+def test_bad_switch_value_is_a_clear_error(tmp_path, name, value, allowed):
+    """An on/off switch of the environment with a value none of its readers
+    knows fails group creation naming the variable and its values, instead
+    of meaning the default."""
+    out = _creation_error(tmp_path, {name: value})
+    assert "RAISED" in out, out
+    assert f"{name}='{value}' is not one of {allowed}" in out, out

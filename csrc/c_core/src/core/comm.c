@@ -91,6 +91,7 @@ tcc_result_t tcc_comm_create(const tcc_comm_config_t *cfg, tcc_endpoint_t *ep,
                 cfg->rank);
     goto fail;
   }
+  if (tcc__env_check_switches(&err) != TCC_OK) goto fail;
   tcc_transport_t transport = TCC_TRANSPORT_AUTO;
   if (tcc__comm_choose_transport(cfg, blobs, &transport, &err) != TCC_OK) goto fail;
 

@@ -57,6 +57,9 @@ tcc_result_t tcc__blobs_decode(const uint8_t *raw, int n, tcc_blob_t *blobs, tcc
  * met. Every rank decides alike from the same blobs. */
 tcc_result_t tcc__comm_choose_transport(const tcc_comm_config_t *cfg, const tcc_blob_t *blobs,
                                        tcc_transport_t *out, tcc_err_t *err);
+/* env_check.c: TCC_ERR_INVALID naming the first on/off switch of the
+ * environment (TCCOMM_CMA, ...) whose value none of its readers knows. */
+tcc_result_t tcc__env_check_switches(tcc_err_t *err);
 
 /* Fills hostname and boot id of this machine. */
 void tcc__host_identity(char hostname[64], char boot_id[40]);
