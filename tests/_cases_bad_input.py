@@ -35,11 +35,12 @@ def c_bad_mismatch_dtype(ctx, other):
 
 
 def c_bad_mismatch_root(ctx):
-    """Larger than a slot of the slot rings (64 KiB by default up to 4 ranks,
-    less in larger groups): over the staging windows, where every rank checks
-    every rank's descriptor in the op itself."""
+    """Larger than a slot ring holds (a part may fill its 32 slots: 2095104
+    bytes by default up to 4 ranks, less in larger groups): over the staging
+    windows, where every rank checks every rank's descriptor in the op
+    itself."""
     r = ctx.rank
-    t = torch.ones(32768)
+    t = torch.ones(600_000)
     ctx.expect_error(lambda: dist.broadcast(t, src=0 if r == 0 else 1), OP_RE["broadcast"],
                      r"mismatch|disagree|differ|root|src",
                      "broadcast where rank 0 names root 0 and the others root 1")

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from _dist_ops import all_gather_tensor, reduce_scatter_tensor
 from _messages import DTYPE_ALIASES, OP_RE, REDOP_ALIASES
-from _reference import (DTYPES, FLOATS, LARGE, LARGE_PART, REDOPS, input_kind, make_redop, mid_numel,
+from _reference import (DTYPES, FLOATS, LARGE, LARGE_PART, REDOPS, SPAN_NUMEL, input_kind, make_redop, mid_numel,
                         redop_error, special_input)
 from _registry import add
 
@@ -427,6 +427,15 @@ def _register_collectives():
             add(f"{opname}-float32-n{n}", S, fn, dtype="float32", n=n)
         big = LARGE if opname in ("broadcast", "send_recv") else LARGE_PART
         add(f"{opname}-float32-n{big}", S, fn, dtype="float32", n=big)
+    # Rooted ops whose parts fill several slots of the slot rings.
+    for opname, fn in (("broadcast", c_broadcast), ("gather", c_gather), ("scatter", c_scatter)):
+        for dtype in ("float32", "bfloat16", "int64"):
+            add(f"{opname}-{dtype}-n{SPAN_NUMEL}", S, fn, dtype=dtype, n=SPAN_NUMEL)
+    for dtype, redop in (("float32", "SUM"), ("float32", "MAX"), ("bfloat16", "SUM"), ("int64", "PRODUCT"),
+                         ("float32", "PREMUL_SUM")):
+        gs = f"gloo does not implement {redop}" if redop == "PREMUL_SUM" else None
+        add(f"reduce-{dtype}-{redop}-n{SPAN_NUMEL}", S, c_reduce, dtype=dtype, redop=redop,
+            n=SPAN_NUMEL, gloo_skip=gs)
     # The core's copies at the distances modulo 4096 its copy routine treats apart.
     for in_off, out_off in ((0, 4), (0, 16), (4080, 0), (64, 4032)):
         add(f"page_offset_views-in{in_off}-out{out_off}", S, c_page_offset_views,

@@ -31,6 +31,9 @@ PREMUL_FACTOR = 0.7  # not a power of two: the multiplication really rounds
 # Odd sizes make every chunked path end with a remainder.
 LARGE = (1 << 21) + 3       # ~2 Mi elements (8 MiB of float32) per rank
 LARGE_PART = (1 << 19) + 1  # per-rank part for gather/scatter-like ops
+# Past a slot of the slot rings (64 KiB) but within what a ring holds
+# (about 2 MiB): a rooted op's part over several slots, ending mid-slot.
+SPAN_NUMEL = 100_003
 # An all_reduce of MID_BYTES (and a few elements) is past what one exchange
 # over streams carries with its descriptors, and every rank's chunk still
 # fits a frame: over TCP its reduce-scatter travels with the descriptors.

@@ -113,7 +113,7 @@ def test_info_names_transport_thresholds_and_lifecycle(tmp_path):
                    r"(waiters spin while the awaited rank runs elsewhere|waiters yield at once)"), text
         assert has(lines, "INFO", r"algorithms over shm staging spans: reductions up to \d+ bytes one-shot .* "
                                   r"\d+-byte windows.*; broadcast, scatter, gather and reduce whose part fits 65504 "
-                                  r"bytes over 32-slot rings"), text
+                                  r"bytes over 32-slot rings.*, and parts up to 2095104 bytes over several slots"), text
         created = has(lines, "INFO", rf"^communicator '[^']+' created: rank {rank} of 2, transport shm, timeout \d+ ms$")
         assert created, text
         assert has(lines, "INFO", rf"^communicator '[^']+' destroyed: rank {rank} of 2, \d+ collectives issued$"), text

@@ -325,6 +325,9 @@ static void ring_off_huge(shm_header_t *h) { h->ring_off = 1ULL << 62; }
 static void other_window(shm_header_t *h) { h->window += 4096; }
 static void odd_window(shm_header_t *h) { h->window = 100; }
 static void small_over_window(shm_header_t *h) { h->small_bytes = h->window + 1; }
+static void span_past_ring(shm_header_t *h) {
+  h->slot_span_bytes = tcc__coll_slot_span_capacity(SHM_SLOTS, h->slot_bytes) + 1;
+}
 static void other_size(shm_header_t *h) { h->size = 3; }
 
 /* Rank 0 is a forked child creating a real 2-rank group with its own
@@ -397,6 +400,7 @@ static void test_bad_tunables(void) {
     const char *name, *value;
   } cases[] = {
       {"TCCOMM_SHM_SLOT_BYTES", "262144"},           /* past the largest slot */
+      {"TCCOMM_SHM_SLOT_SPAN_BYTES", "4194304"},     /* past what the default ring holds */
       {"TCCOMM_SHM_WINDOW_BYTES", "12ab"},           /* not a number */
       {"TCCOMM_SHM_WINDOW_BYTES", "1024"},           /* below a page */
       {"TCCOMM_SHM_SMALL_BYTES", "-1"},              /* negative */
@@ -437,6 +441,7 @@ static void test_transport_header(void) {
   transport_case("another window", other_window, "ring_off is");
   transport_case("window not 4K-aligned", odd_window, "window of 100 bytes");
   transport_case("small > window", small_over_window, "small-message threshold");
+  transport_case("parts over more slots than the ring has", span_past_ring, "exceed the");
   transport_case("other group size", other_size, "laid out for 3 ranks");
 }
 

@@ -84,6 +84,10 @@ size_t tcc__coll_desc_bytes(tcc_coll_kind_t kind, int size);
 /* Bytes of a spans transport's descriptor slot: the largest descriptor
  * and the block of single-copy movement (coll_direct.c). */
 size_t tcc__coll_spans_desc_bytes(int size);
+/* The largest part a rooted op may lay over consecutive slots of a slot
+ * ring of `slots` slots of `slot_bytes` (coll_slots.c): what a spans
+ * transport may offer as its slot_span_bytes, at most. */
+size_t tcc__coll_slot_span_capacity(unsigned slots, size_t slot_bytes);
 /* Writes this rank's descriptor (tcc__coll_desc_bytes bytes) into out. */
 void tcc__coll_desc_fill(const tcc_coll_t *c, uint64_t seq, int size, void *out);
 /* The same, but an all-to-all whose counts are all equal in the short form

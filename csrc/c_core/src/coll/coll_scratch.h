@@ -50,14 +50,15 @@ typedef struct tcc__coll_scratch {
   /* the thread that runs the hierarchical allreduces' cross-host phases
    * (hier_pipe.c), started on first use */
   struct tcc__hier_pipe *pipe;
-  /* slot rings (coll_slots.c): ops run over them so far, the least
+  /* slot rings (coll_slots.c): the last position an op used, the least
    * progress of the peers last read, the digest of this rank's
    * descriptors of them, and the first and last op numbers among them
    * since the digests were last compared (0: none) */
   uint64_t slot_pos, slot_room, slot_digest, slot_first_seq, slot_last_seq;
-  /* ... and the most bytes a sender's part may have there, fixed with the
-   * transport (tcc__coll_slots_part_max; 0: no slot rings) */
-  size_t slot_part_max;
+  /* ... and the most bytes a sender's part may have there in one slot,
+   * and over several, fixed with the transport (tcc__coll_slots_part_max,
+   * tcc__coll_slots_span_max; 0: no slot rings, no parts over several) */
+  size_t slot_part_max, slot_span_max;
   /* one-sided rooted ops over streams (coll_stream_eager.c): whether they
    * run so here; this rank's descriptors of the last of them (a ring of
    * TCC_STREAM_UNREAD_MAX, by one_sided_ops, how many ran); and per peer
@@ -154,6 +155,7 @@ bool tcc__coll_slots_fit(tcc_comm_t *comm, const tcc_coll_t *c);
 /* The most bytes a sender's part may have (0: no slot rings here), asked
  * of the transport: read once, when the scratch is made (slot_part_max). */
 size_t tcc__coll_slots_part_max(tcc_comm_t *comm);
+size_t tcc__coll_slots_span_max(tcc_comm_t *comm);
 tcc_result_t tcc__coll_slots_run(tcc_comm_t *comm, const tcc_coll_t *c, uint64_t seq, int64_t deadline,
                                  tcc_err_t *err);
 void tcc__coll_slots_publish(tcc_comm_t *comm, int parity);

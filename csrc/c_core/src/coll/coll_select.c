@@ -17,12 +17,13 @@
 static void log_thresholds(tcc_comm_t *comm) {
   const tcc__spans_ops_t *sp = comm->ops->spans;
   if (sp) {
-    char slots[160] = "";
+    char slots[240] = "";
     if (tcc__coll_slots_part_max(comm))
       snprintf(slots, sizeof slots,
                "; broadcast, scatter, gather and reduce whose part fits %zu bytes over %u-slot rings, senders not "
-               "waiting (TCCOMM_SHM_SLOT_BYTES)",
-               tcc__coll_slots_part_max(comm), sp->slot_count(comm));
+               "waiting (TCCOMM_SHM_SLOT_BYTES), and parts up to %zu bytes over several slots "
+               "(TCCOMM_SHM_SLOT_SPAN_BYTES)",
+               tcc__coll_slots_part_max(comm), sp->slot_count(comm), tcc__coll_slots_span_max(comm));
     TCC_LOG_INFO(comm->rank,
                  "communicator '%s' algorithms over %s staging spans: reductions up to %zu bytes one-shot "
                  "(TCCOMM_SHM_SMALL_BYTES), larger ones pipelined reduce-scatter + all-gather in %zu-byte "
@@ -55,6 +56,7 @@ tcc_result_t tcc__coll_attach(tcc_comm_t *comm, tcc_err_t *err) {
     s->poll_events = calloc(n, sizeof *s->poll_events);
     s->poll_revents = calloc(n, sizeof *s->poll_revents);
     s->slot_part_max = tcc__coll_slots_part_max(comm);
+    s->slot_span_max = tcc__coll_slots_span_max(comm);
     s->stream_one_sided = tcc__stream_one_sided_wanted(comm);
     if (s->stream_one_sided) {
       s->one_sided_descs = calloc(TCC_STREAM_UNREAD_MAX, sizeof *s->one_sided_descs);

@@ -60,11 +60,15 @@ typedef struct tcc__spans_ops {
                              const char *what, uint64_t seq, tcc_err_t *err);
   /* Slot rings (coll/coll_slots.c): every rank owns slot_count() slots of
    * slot_bytes() each (0 slots: none), which only it writes and every rank
-   * reads; slot(comm, rank, i) is slot i mod slot_count() of `rank`. Its
+   * reads; slot(comm, rank, i) is slot i mod slot_count() of `rank`, and
+   * the slots of a rank lie one after the other in that order. Its
    * progress line holds two words only it writes ([0] and [1]); peers
-   * read them. Every slot and progress word starts at 0. */
+   * read them. Every slot and progress word starts at 0. slot_span_bytes:
+   * the largest part a rooted op may lay over several consecutive slots
+   * (0: none), the same on every rank of the group. */
   unsigned (*slot_count)(tcc_comm_t *comm);
   size_t (*slot_bytes)(tcc_comm_t *comm);
+  size_t (*slot_span_bytes)(tcc_comm_t *comm);
   char *(*slot)(tcc_comm_t *comm, int rank, uint64_t index);
   atomic_ullong *(*slot_progress)(tcc_comm_t *comm, int rank);
   /* Waits until ready(arg), with the stage barrier's checks: abort, and

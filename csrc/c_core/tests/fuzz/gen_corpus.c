@@ -298,6 +298,7 @@ static void shm_layout(shm_header_t *h, int n, uint64_t window, uint64_t slot_by
 static void shm_seed(const char *name, int n, uint64_t window, uint64_t slot_bytes, int broken_field) {
   shm_header_t h;
   shm_layout(&h, n, window, slot_bytes);
+  h.slot_span_bytes = slot_bytes ? tcc__coll_slot_span_capacity(SHM_SLOTS, slot_bytes) : 0; /* the default */
   tcc_err_t err = {TCC_OK, {0}};
   if (tcc__shm_check_header(&h, n, h.seg.total_bytes, "gen", &err) != TCC_OK) {
     fprintf(stderr, "gen_corpus: %s\n", err.msg);
@@ -306,6 +307,7 @@ static void shm_seed(const char *name, int n, uint64_t window, uint64_t slot_byt
   if (broken_field == 1) h.data_off += 4096;
   if (broken_field == 2) h.small_bytes = window + 1;
   if (broken_field == 3) h.slot_bytes += 8;
+  if (broken_field == 4) h.slot_span_bytes = tcc__coll_slot_span_capacity(SHM_SLOTS, slot_bytes) + 1;
   out_t o = {.len = 0};
   uint16_t n16 = (uint16_t)(n - 1);
   uint64_t bytes = h.seg.total_bytes;
@@ -322,6 +324,7 @@ static void gen_shm_header(void) {
   shm_seed("bad-data-off", 2, 512 * 1024, 0, 1);
   shm_seed("small-over-window", 2, 4096, 0, 2);
   shm_seed("slot-not-whole-lines", 2, 4096, 512, 3);
+  shm_seed("span-past-ring", 2, 4096, 512, 4);
 }
 
 /* ---- windows ---- */

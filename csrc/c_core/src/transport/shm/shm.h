@@ -45,6 +45,7 @@ typedef struct shm_header {
   uint64_t p2p_direct_bytes; /* point-to-point messages from this size go by reference */
   uint64_t desc_stride;
   uint64_t slot_bytes;  /* bytes of one slot of the slot rings; 0: none */
+  uint64_t slot_span_bytes; /* rooted ops' parts up to this size may fill several slots; 0: one slot only */
   uint64_t ctrl_off, desc_off, data_off, ring_off, slots_off;
   _Alignas(TCC_CACHELINE) atomic_uint barrier_futex;
   atomic_int barrier_sleepers;

@@ -219,6 +219,7 @@ static bool stage_ahead(tcc_comm_t *comm, int rank) {
 
 static unsigned slot_count(tcc_comm_t *comm) { return shm_of(comm)->hdr->slot_bytes ? SHM_SLOTS : 0; }
 static size_t slot_bytes(tcc_comm_t *comm) { return shm_of(comm)->hdr->slot_bytes; }
+static size_t slot_span_bytes(tcc_comm_t *comm) { return shm_of(comm)->hdr->slot_span_bytes; }
 static char *slot_at(tcc_comm_t *comm, int rank, uint64_t index) {
   return shm_slot(shm_of(comm), rank, (unsigned)(index % SHM_SLOTS));
 }
@@ -255,6 +256,7 @@ const tcc__spans_ops_t tcc__shm_spans = {
     .peer_write = tcc__shm_peer_write,
     .slot_count = slot_count,
     .slot_bytes = slot_bytes,
+    .slot_span_bytes = slot_span_bytes,
     .slot = slot_at,
     .slot_progress = slot_progress,
     .slot_wait = slot_wait,
