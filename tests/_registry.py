@@ -75,7 +75,9 @@ SPECS = [
     Spec("w2-shm-env", 2, "shm", "env"),
     Spec("w2-tcp-tcpinit", 2, "tcp", "tcp"),
     # Data movement through the staging windows, as where the kernel forbids
-    # single-copy reads (the other shm groups read their peers directly).
+    # single-copy reads (w2-shm-env and w3-shm-env-direct read their peers
+    # directly; groups with more ranks than this machine's 2 CPUs stage by
+    # default).
     Spec("w3-shm-file-nocma", 3, "shm", "file", env=(("TCCOMM_CMA", "0"),)),
     Spec("w3-tcp-env", 3, "tcp", "env"),
     Spec("w4-shm-tcpinit", 4, "shm", "tcp"),
@@ -109,6 +111,10 @@ SPECS = [
     # (suite "coll") again with them off, over the staging windows.
     Spec("w3-shm-env-noslots", 3, "shm", "env", kind="noslots",
          env=(("TCCOMM_SHM_SLOT_BYTES", "0"),)),
+    # With more ranks than CPUs data movement is staged by default: the
+    # per-op matrix again with single-copy reads from 16 KiB.
+    Spec("w3-shm-env-direct", 3, "shm", "env", kind="direct",
+         env=(("TCCOMM_SHM_DIRECT_BYTES", "16384"),)),
     # A disagreement on a small rooted op fails its group: a group of its own.
     Spec("w3-shm-env-slots", 3, "shm", "env", kind="slots"),
     # The same over TCP, where a small rooted op's senders do not wait.
@@ -130,7 +136,7 @@ def cases_for(spec: Spec, suite: str | None = None) -> list[Case]:
         if suite is not None and c.suite != suite:
             continue
         if c.specs is None:
-            if spec.kind != "main" and not (spec.kind == "noslots" and c.suite == "coll"):
+            if spec.kind != "main" and not (spec.kind in ("noslots", "direct") and c.suite == "coll"):
                 continue
         elif spec.name not in c.specs:
             continue

@@ -20,8 +20,9 @@
  * bytes: then the smallest streams, which otherwise travel in the
  * descriptor's cache line, move directly too (or are staged again).
  * Then the default threshold, without TCCOMM_SHM_DIRECT_BYTES: 16 KiB when
- * rank 0 may use a CPU per rank, 64 KiB when it is bound to fewer CPUs than
- * the group has ranks (rank 0's choice holds for every rank).
+ * rank 0 may use a CPU per rank, none (SIZE_MAX: every collective staged)
+ * when it is bound to fewer CPUs than the group has ranks (rank 0's choice
+ * holds for every rank).
  */
 #include <sched.h>
 #include <linux/capability.h>
@@ -276,7 +277,7 @@ static const char *default_name(group_kind_t k) {
 /* The group's threshold when nobody sets it: rank 0's, from the CPUs the
  * ranks may use between them. */
 static void default_threshold(tcc_comm_t *comm) {
-  const uint64_t want = kind == GROUP_SHARED_CPUS ? 65536 : 16384, got = shm_of(comm)->hdr->direct_bytes;
+  const uint64_t want = kind == GROUP_SHARED_CPUS ? SIZE_MAX : 16384, got = shm_of(comm)->hdr->direct_bytes;
   CHECK(got == want, "%s: rank %d sees a threshold of %llu bytes, expected %llu", default_name(kind),
         tcc_comm_rank(comm), (unsigned long long)got, (unsigned long long)want);
 }

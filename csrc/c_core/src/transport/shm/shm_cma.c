@@ -86,10 +86,17 @@ void tcc__shm_cma_probe(tcc_comm_t *comm, shm_state_t *st) {
   }
   st->direct_bytes = st->hdr->direct_bytes;
   atomic_store_explicit(&shm_ctrl(st, comm->rank)->reads_peers, 1, memory_order_release);
-  TCC_LOG_INFO(comm->rank,
-               "communicator '%s' moves data from %zu bytes single-copy, straight between the ranks' buffers "
-               "(TCCOMM_SHM_DIRECT_BYTES; TCCOMM_CMA=0 turns it off)",
-               comm->name, st->direct_bytes);
+  if (st->direct_bytes == SIZE_MAX)
+    TCC_LOG_INFO(comm->rank,
+                 "communicator '%s' moves collectives' data through shared memory, its ranks sharing CPUs "
+                 "(TCCOMM_SHM_DIRECT_BYTES sets a size from which it goes single-copy); point-to-point messages "
+                 "can go by reference",
+                 comm->name);
+  else
+    TCC_LOG_INFO(comm->rank,
+                 "communicator '%s' moves data from %zu bytes single-copy, straight between the ranks' buffers "
+                 "(TCCOMM_SHM_DIRECT_BYTES; TCCOMM_CMA=0 turns it off)",
+                 comm->name, st->direct_bytes);
 }
 
 /* The kernel copies with rep movsb as glibc does, and as slowly where the

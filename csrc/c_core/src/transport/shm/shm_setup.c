@@ -27,11 +27,15 @@
  * the system calls of single-copy reads (csrc/c_core/tests/bench_sizes.c:
  * at 2 ranks on 2 CPUs an all_gather of 64 KiB takes 3.6 us single-copy
  * from 16 KiB streams, 7.0 us staged). When the group has more ranks than
- * CPUs, that barrier and the system calls often wait for a time slice:
- * there single-copy pays only from larger streams (4 ranks on 2 CPUs:
- * 64 KiB all_gather 11.9 us staged, 15.5 us single-copy). */
+ * CPUs, that barrier and the system calls often wait for a time slice, and
+ * staging was the faster at every size measured, on hosts where it is not
+ * with CPUs of their own (4 ranks on 2 CPUs, through torch: all_to_all
+ * 128 KiB-16 MiB 0.47-1.18 of Open MPI's speed single-copy, 0.94-1.59
+ * staged; broadcast 2-16 MiB 1.03-1.61 against 2.45-4.74; bench/README,
+ * "Single copy when ranks share CPUs"): there data moves single-copy only
+ * when TCCOMM_SHM_DIRECT_BYTES asks for it. */
 #define DEFAULT_DIRECT_OWN_CPUS (16u * 1024u)
-#define DEFAULT_DIRECT_SHARED_CPUS (64u * 1024u)
+#define DEFAULT_DIRECT_SHARED_CPUS SIZE_MAX
 /* Point-to-point messages from this size go by reference, read once from
  * the sender's buffer, instead of through the ring (host/p2p_direct.c;
  * TCCOMM_P2P_DIRECT_BYTES, rank 0's, as the other sizes). bench_mpi_pair
